@@ -1,0 +1,1 @@
+"""Reference engines that ragserve is compared with (parity and speed); dev dependencies only."""
