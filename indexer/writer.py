@@ -1,0 +1,455 @@
+"""Layout writer: documents -> the sharded, block-partitioned BM25 index of ``indexer/FORMAT.md``.
+
+Pipeline: documents are analysed in worker processes (both cores by default); the main process assigns
+provisional term ids, streams stored text to disk and buffers postings, flushing sorted runs to disk
+whenever the buffer budget fills or a doc block ends (so a run never spans blocks). After the input is
+read, term ids are re-assigned in sorted-term order and each shard's runs are merged into its arrays.
+Everything is written under a temporary directory that is renamed into place only when complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from indexer import layout as L
+from indexer.analyzer import Analyzer, AnalyzerConfig
+from indexer.norms import LENGTH_TABLE, encode_lengths
+
+CHUNK_DOCS = 1000  # documents per analysis task: large enough to amortise inter-process transfer
+
+
+class BuildError(ValueError):
+    """The build cannot proceed (bad parameters, output exists, no documents)."""
+
+
+@dataclass
+class BuildOptions:
+    block_size: int = L.DEFAULT_BLOCK_SIZE
+    bank_bytes: int = L.DEFAULT_BANK_BYTES
+    k1: float = 0.9
+    b: float = 0.4
+    workers: int = 0  # 0: one per core
+    run_postings: int = 32_000_000  # postings buffered in memory before a run is flushed (~400 MB)
+    overwrite: bool = False
+    progress: bool = True
+    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis (runs in worker processes)
+
+_worker_analyzer: Analyzer | None = None
+
+
+def _init_worker(cfg: dict) -> None:
+    global _worker_analyzer
+    _worker_analyzer = Analyzer.from_config(cfg)
+
+
+def _analyse_chunk(texts: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Term strings local to the chunk, and per posting: local term index and tf; per doc: #terms, length."""
+    assert _worker_analyzer is not None
+    local: dict[str, int] = {}
+    term_idx: list[int] = []
+    tfs: list[int] = []
+    uniq = np.empty(len(texts), dtype=np.int32)
+    lengths = np.empty(len(texts), dtype=np.int64)
+    for i, text in enumerate(texts):
+        terms = _worker_analyzer.analyze(text)
+        counts = Counter(terms)
+        lengths[i] = len(terms)
+        uniq[i] = len(counts)
+        for t, f in counts.items():
+            term_idx.append(local.setdefault(t, len(local)))
+            tfs.append(f)
+    return list(local), np.asarray(term_idx, dtype=np.int32), np.asarray(tfs, dtype=np.int64), uniq, lengths
+
+
+def _indexed_text(title: str, text: str) -> str:
+    # BEIR/Anserini convention: title and text form one field, joined by a space.
+    return f"{title} {text}" if title else text
+
+
+# ---------------------------------------------------------------------------------------------
+# Ingestion state (main process)
+
+class _Growable:
+    """An append-only numpy array that doubles its capacity."""
+
+    def __init__(self, dtype, capacity: int = 1 << 16) -> None:
+        self.a = np.zeros(capacity, dtype=dtype)
+        self.n = 0
+
+    def ensure(self, n: int) -> None:
+        if n > self.a.size:
+            new = np.zeros(max(n, 2 * self.a.size), dtype=self.a.dtype)
+            new[: self.n] = self.a[: self.n]
+            self.a = new
+
+    def extend(self, values: np.ndarray) -> None:
+        self.ensure(self.n + values.size)
+        self.a[self.n: self.n + values.size] = values
+        self.n += values.size
+
+    @property
+    def view(self) -> np.ndarray:
+        return self.a[: self.n]
+
+
+class _Ingest:
+    def __init__(self, tmp: Path, opts: BuildOptions) -> None:
+        self.tmp = tmp
+        self.opts = opts
+        self.vocab: dict[str, int] = {}
+        self.df = _Growable(np.int64)
+        self.stamp = _Growable(np.int64)  # last block in which a provisional term was seen
+        self.lengths = _Growable(np.int64)
+        self.block_postings: list[int] = []
+        self.block_entries: list[int] = []
+        self.max_tf = 0
+        self.num_docs = 0
+        self.sum_total_tf = 0
+        self.runs: list[tuple[int, Path, int]] = []  # (block, path, postings)
+        self._buf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._buf_postings = 0
+        self._buf_block = 0
+        (tmp / "_runs").mkdir()
+        self.store = open(tmp / L.STORE_BYTES, "wb")
+        self.store_off = open(tmp / L.STORE_OFFSETS, "wb")
+        self.ids = open(tmp / L.DOCIDS_BYTES, "wb")
+        self.ids_off = open(tmp / L.DOCIDS_OFFSETS, "wb")
+        self._store_pos = 0
+        self._ids_pos = 0
+        self.store_off.write(np.uint64(0).tobytes())
+        self.ids_off.write(np.uint64(0).tobytes())
+
+    def store_docs(self, ids: list[str], titles: list[str], texts: list[str]) -> None:
+        sep = L.FIELD_SEPARATOR
+        recs = [(t.replace(sep, " ") + sep + x.replace(sep, " ")).encode("utf-8", "replace") for t, x in zip(titles, texts)]
+        enc_ids = [i.encode("utf-8", "replace") for i in ids]
+        for blob, fh, offh, attr in ((recs, self.store, self.store_off, "_store_pos"), (enc_ids, self.ids, self.ids_off, "_ids_pos")):
+            sizes = np.fromiter((len(r) for r in blob), dtype=np.uint64, count=len(blob))
+            offs = getattr(self, attr) + np.cumsum(sizes, dtype=np.uint64)
+            fh.write(b"".join(blob))
+            offh.write(offs.astype("<u8").tobytes())
+            setattr(self, attr, int(offs[-1]) if len(offs) else getattr(self, attr))
+
+    def add_chunk(self, result: tuple) -> None:
+        terms, term_idx, tfs, uniq, lengths = result
+        n = uniq.size
+        prov = np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in terms), dtype=np.int64, count=len(terms))
+        self.df.ensure(len(self.vocab))
+        self.df.n = len(self.vocab)
+        self.stamp.ensure(len(self.vocab))
+        if self.stamp.n < len(self.vocab):
+            self.stamp.a[self.stamp.n: len(self.vocab)] = -1
+            self.stamp.n = len(self.vocab)
+        tids = prov[term_idx]
+        docs = np.repeat(np.arange(self.num_docs, self.num_docs + n, dtype=np.int64), uniq)
+        np.add.at(self.df.a, tids, 1)
+        if tfs.size:
+            self.max_tf = max(self.max_tf, int(tfs.max()))
+        self.sum_total_tf += int(lengths.sum())
+        self.lengths.extend(lengths)
+        # Split the chunk at doc block boundaries so runs and block statistics stay per block.
+        bs = self.opts.block_size
+        start_doc = self.num_docs
+        doc_pos = np.concatenate(([0], np.cumsum(uniq)))
+        d = start_doc
+        while d < start_doc + n:
+            block = d // bs
+            block_end_doc = min((block + 1) * bs, start_doc + n)
+            p0, p1 = doc_pos[d - start_doc], doc_pos[block_end_doc - start_doc]
+            self._add_block_part(block, tids[p0:p1], docs[p0:p1], tfs[p0:p1])
+            d = block_end_doc
+        self.num_docs += n
+
+    def _add_block_part(self, block: int, tids: np.ndarray, docs: np.ndarray, tfs: np.ndarray) -> None:
+        if block != self._buf_block:
+            self._flush()
+            self._buf_block = block
+        while len(self.block_postings) <= block:
+            self.block_postings.append(0)
+            self.block_entries.append(0)
+        self.block_postings[block] += tids.size
+        # Count distinct terms of the block: a term is new to it if its stamp is not this block.
+        u = np.unique(tids)
+        new = self.stamp.a[u] != block
+        self.block_entries[block] += int(new.sum())
+        self.stamp.a[u[new]] = block
+        self._buf.append((tids, docs, tfs))
+        self._buf_postings += tids.size
+        if self._buf_postings >= self.opts.run_postings:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buf:
+            return
+        tids = np.concatenate([b[0] for b in self._buf])
+        docs = np.concatenate([b[1] for b in self._buf])
+        tfs = np.concatenate([b[2] for b in self._buf])
+        path = self.tmp / "_runs" / f"run_{len(self.runs):06d}.npz"
+        np.savez(path, tids=tids.astype(np.uint32), docs=docs.astype(np.uint32), tfs=tfs.astype(np.uint32))
+        self.runs.append((self._buf_block, path, int(tids.size)))
+        self._buf, self._buf_postings = [], 0
+
+    def finish_streams(self) -> None:
+        self._flush()
+        for fh in (self.store, self.store_off, self.ids, self.ids_off):
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+def _iter_batches(docs: Iterable, size: int) -> Iterator[list]:
+    batch = []
+    for d in docs:
+        batch.append(d)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _effective_block_size(requested: int, max_tf: int) -> tuple[int, int]:
+    tf_bits = L.tf_bits_for(max_tf)
+    block_bits = 32 - tf_bits
+    return min(requested, 1 << block_bits), tf_bits
+
+
+def build_index_from_documents(documents: Iterable, out_dir: str | Path, options: BuildOptions | None = None,
+                               source: dict | None = None) -> dict:
+    """Index an iterable of objects with ``id``, ``title``, ``text`` into ``out_dir``; returns the manifest."""
+    opts = options or BuildOptions()
+    bs = opts.block_size
+    if bs <= 0 or bs & (bs - 1):
+        raise BuildError(f"block size must be a power of two, got {bs}")
+    out = Path(out_dir)
+    if out.exists() and not opts.overwrite:
+        raise BuildError(f"{out} already exists (pass --overwrite to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        manifest = _build(documents, tmp, opts, source or {})
+        if out.exists():
+            trash = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(trash)
+            tmp.rename(out)
+            shutil.rmtree(trash)
+        else:
+            tmp.rename(out)
+        return manifest
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict) -> dict:
+    t_start = time.time()
+    analyzer = Analyzer(opts.analyzer)
+    ing = _Ingest(tmp, opts)
+    workers = opts.workers or os.cpu_count() or 1
+    bar = tqdm(desc="indexing", unit=" docs", disable=not opts.progress, mininterval=0.5)
+
+    def prepared() -> Iterator[list[str]]:
+        for batch in _iter_batches(documents, CHUNK_DOCS):
+            ing.store_docs([str(d.id) for d in batch], [d.title or "" for d in batch], [d.text or "" for d in batch])
+            yield [_indexed_text(d.title or "", d.text or "") for d in batch]
+
+    if workers > 1:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(analyzer.config_dict(),)) as pool:
+            for res in pool.imap(_analyse_chunk, prepared(), chunksize=1):
+                ing.add_chunk(res)
+                bar.update(res[3].size)
+    else:
+        _init_worker(analyzer.config_dict())
+        for texts in prepared():
+            res = _analyse_chunk(texts)
+            ing.add_chunk(res)
+            bar.update(res[3].size)
+    bar.close()
+    ing.finish_streams()
+    if ing.num_docs == 0:
+        raise BuildError("no documents were read from the input")
+    return _write_layout(ing, tmp, opts, analyzer, source, t_start)
+
+
+def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyzer, source: dict, t_start: float) -> dict:
+    from ragserve.bm25 import avgdl_f32, norm_cache
+
+    n = ing.num_docs
+    block_size, tf_bits = _effective_block_size(opts.block_size, ing.max_tf)
+    if block_size != opts.block_size:
+        raise BuildError(f"max term frequency {ing.max_tf} needs {tf_bits} bits; doc blocks must be at most "
+                         f"{block_size} docs (pass --block-size {block_size})")
+    lengths = ing.lengths.view
+    norms = encode_lengths(lengths)
+    norms.astype(np.uint8).tofile(tmp / L.NORMS)
+    doc_count = int((lengths > 0).sum())
+    avgdl = avgdl_f32(ing.sum_total_tf, doc_count)
+    cache = norm_cache(opts.k1, opts.b, avgdl)
+
+    # Final term ids: rank of the term in sorted order (code point order == UTF-8 byte order).
+    terms = list(ing.vocab)
+    order = sorted(range(len(terms)), key=terms.__getitem__)
+    V = len(terms)
+    remap = np.empty(V, dtype=np.int64)
+    remap[np.asarray(order, dtype=np.int64)] = np.arange(V, dtype=np.int64)
+    encoded = [terms[i].encode("utf-8") for i in order]
+    voff = np.zeros(V + 1, dtype="<u8")
+    np.cumsum([len(e) for e in encoded], out=voff[1:])
+    (tmp / L.VOCAB_BYTES).write_bytes(b"".join(encoded))
+    voff.tofile(tmp / L.VOCAB_OFFSETS)
+    df = np.zeros(V, dtype="<u4")
+    df[remap] = ing.df.view
+    df.tofile(tmp / L.DF)
+    del encoded
+
+    # Shards: consecutive blocks, greedily, while the shard fits one bank.
+    num_blocks = (n + block_size - 1) // block_size
+    bp = ing.block_postings + [0] * (num_blocks - len(ing.block_postings))
+    be = ing.block_entries + [0] * (num_blocks - len(ing.block_entries))
+    shards: list[tuple[int, int]] = []
+    cur_start, cur_p, cur_e = 0, 0, 0
+    for blk in range(num_blocks):
+        docs_in = min((blk + 1) * block_size, n) - cur_start * block_size
+        size = L.shard_bytes(cur_p + bp[blk], cur_e + be[blk], V, docs_in)
+        if blk > cur_start and size > opts.bank_bytes:
+            shards.append((cur_start, blk))
+            cur_start, cur_p, cur_e = blk, 0, 0
+        one = L.shard_bytes(bp[blk], be[blk], V, min((blk + 1) * block_size, n) - blk * block_size)
+        if one > opts.bank_bytes:
+            raise BuildError(f"doc block {blk} alone needs {one} bytes, more than a bank ({opts.bank_bytes}); "
+                             f"use a smaller --block-size or a larger --bank-bytes")
+        cur_p += bp[blk]
+        cur_e += be[blk]
+    shards.append((cur_start, num_blocks))
+
+    runs_by_block: dict[int, list[Path]] = {}
+    for blk, path, _ in ing.runs:
+        runs_by_block.setdefault(blk, []).append(path)
+    log2_bs = block_size.bit_length() - 1
+    shard_meta = []
+    for si, (b0, b1) in enumerate(tqdm(shards, desc="writing shards", disable=not opts.progress)):
+        d = tmp / L.shard_dirname(si)
+        d.mkdir()
+        parts = [np.load(p) for blk in range(b0, b1) for p in runs_by_block.get(blk, [])]
+        if parts:
+            keys = np.concatenate([(remap[p["tids"].astype(np.int64)].astype(np.uint64) << np.uint64(32))
+                                   | p["docs"].astype(np.uint64) for p in parts])
+            tf_all = np.concatenate([p["tfs"] for p in parts]).astype(np.uint32)
+            order = np.argsort(keys, kind="stable")
+            keys = keys[order]
+            tf_all = tf_all[order]
+            del order
+        else:
+            keys = np.zeros(0, np.uint64)
+            tf_all = np.zeros(0, np.uint32)
+        tid = (keys >> np.uint64(32)).astype(np.int64)
+        doc = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        del keys
+        blk = doc >> log2_bs
+        P = tid.size
+        change = np.ones(P, dtype=bool)
+        if P:
+            change[1:] = (tid[1:] != tid[:-1]) | (blk[1:] != blk[:-1])
+        starts = np.flatnonzero(change)
+        E = starts.size
+        packed = L.pack_postings(doc - (blk << log2_bs), tf_all, tf_bits)
+        packed.astype("<u4").tofile(d / L.POSTINGS)
+        term_ptr = np.searchsorted(tid[starts], np.arange(V + 1), side="left").astype("<u4")
+        term_ptr.tofile(d / L.TERM_PTR)
+        blk[starts].astype("<u4").tofile(d / L.BLK_ID)
+        np.append(starts, P).astype("<u4").tofile(d / L.BLK_START)
+        dnorm = norms[doc]
+        if P:
+            q = tf_all.astype(np.float32) * cache[dnorm]
+            np.maximum.reduceat(q, starts).astype("<f4").tofile(d / L.BLK_MAXQ)
+            np.maximum.reduceat(tf_all, starts).astype("<u4").tofile(d / L.BLK_MAXTF)
+            np.minimum.reduceat(dnorm, starts).astype(np.uint8).tofile(d / L.BLK_MINNORM)
+        else:
+            for name in (L.BLK_MAXQ, L.BLK_MAXTF, L.BLK_MINNORM):
+                (d / name).write_bytes(b"")
+        doc_start, doc_end = b0 * block_size, min(b1 * block_size, n)
+        shard_meta.append({"dir": d.name, "doc_start": doc_start, "doc_end": doc_end, "block_start": b0,
+                           "block_end": b1, "postings": int(P), "entries": int(E),
+                           "bytes": L.shard_bytes(P, E, V, doc_end - doc_start)})
+        del tid, doc, blk, packed, tf_all, dnorm, parts
+
+    shutil.rmtree(tmp / "_runs")
+    files = {}
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file():
+            files[str(p.relative_to(tmp))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    from ragserve import __version__
+    manifest = {
+        "format": L.FORMAT_NAME,
+        "version": L.FORMAT_VERSION,
+        "analyzer": analyzer.config_dict(),
+        "bm25": {"k1": opts.k1, "b": opts.b},
+        "stats": {"num_docs": n, "doc_count": doc_count, "sum_total_tf": int(ing.sum_total_tf),
+                  "avgdl": float(avgdl), "vocab_size": V, "num_postings": int(sum(bp)), "max_tf": int(ing.max_tf),
+                  "empty_docs": int(n - doc_count)},
+        "layout": {"block_size": block_size, "block_bits": 32 - tf_bits, "tf_bits": tf_bits,
+                   "bank_bytes": opts.bank_bytes, "accumulator_bytes": block_size * L.ACCUMULATOR_BYTES_PER_DOC,
+                   "num_blocks": num_blocks, "num_shards": len(shard_meta),
+                   "length_table": [int(x) for x in LENGTH_TABLE]},
+        "shards": shard_meta,
+        "files": files,
+        "source": source,
+        "build_seconds": round(time.time() - t_start, 3),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "builder": f"ragserve {__version__}",
+    }
+    with open(tmp / L.MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    return manifest
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_index(inputs: list[str | Path], out_dir: str | Path, options: BuildOptions | None = None,
+                fmt: str = "auto", on_error: str = "skip", passage_words: int = 100) -> dict:
+    """Read corpus files with ``indexer.readers`` and index them; returns the manifest."""
+    from indexer.readers import ReadStats, iter_documents
+
+    stats = ReadStats()
+    docs = iter_documents([str(p) for p in inputs], fmt=fmt, on_error=on_error, stats=stats,
+                          passage_words=passage_words)
+
+    # The manifest is written after the input is exhausted, so the reader's counts are final by then.
+    source: dict = {"inputs": [str(p) for p in inputs], "format": fmt}
+
+    def counted() -> Iterator:
+        yield from docs
+        source.update(records=stats.records, skipped=stats.skipped, errors=[str(e) for e in stats.errors[:100]])
+
+    return build_index_from_documents(counted(), out_dir, options, source)

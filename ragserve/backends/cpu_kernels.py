@@ -1,0 +1,187 @@
+"""numba kernels of the CPU backend: BM25 scoring into an f64 accumulator and exact top-k.
+
+All kernels release the GIL so a batch runs one query per thread. f32 arithmetic is kept f32 by
+casting every constant (numba would otherwise promote to f64 and change the bits).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+F1 = np.float32(1.0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _term_score(w, tf, c):
+    q = np.float32(tf) * c
+    return w - w / (F1 + q)
+
+
+@njit(nogil=True, cache=True)
+def score_terms(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, block_size, tf_bits,
+                doc_start, acc, touched, n_touched, order):
+    """Add every posting of the terms ``term_ids[order]`` into ``acc`` (doc - doc_start), in that order.
+
+    ``touched`` collects the local docids seen for the first time; returns the new count.
+    """
+    mask = np.uint32((1 << tf_bits) - 1)
+    shift = np.uint32(tf_bits)
+    for oi in range(order.size):
+        i = order[oi]
+        t = term_ids[i]
+        w = weights[i]
+        for e in range(term_ptr[t], term_ptr[t + 1]):
+            base = np.int64(blk_id[e]) * block_size - doc_start
+            for j in range(blk_start[e], blk_start[e + 1]):
+                p = postings[j]
+                local = base + np.int64(p >> shift)
+                s = _term_score(w, p & mask, cache[norms[local + doc_start]])
+                a = acc[local]
+                if a == 0.0:
+                    touched[n_touched] = local
+                    n_touched += 1
+                acc[local] = a + np.float64(s)
+    return n_touched
+
+
+@njit(nogil=True, cache=True)
+def rescore_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, term_id, w, block_size, tf_bits,
+                       doc_start, acc, cands, n_cands):
+    """Add term ``term_id``'s score to the candidate docs only (sorted ascending), by binary search."""
+    mask = np.uint32((1 << tf_bits) - 1)
+    shift = np.uint32(tf_bits)
+    e = term_ptr[term_id]
+    e_end = term_ptr[term_id + 1]
+    for ci in range(n_cands):
+        local = cands[ci]
+        d = local + doc_start
+        blk = d // block_size
+        while e < e_end and blk_id[e] < blk:
+            e += 1
+        if e == e_end:
+            break
+        if blk_id[e] != blk:
+            continue
+        target = np.uint32(d - np.int64(blk) * block_size)
+        lo = np.int64(blk_start[e])
+        hi = np.int64(blk_start[e + 1])
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if (postings[mid] >> shift) < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < blk_start[e + 1] and (postings[lo] >> shift) == target:
+            acc[local] += np.float64(_term_score(w, postings[lo] & mask, cache[norms[d]]))
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def _sift_down(hs, hd, n, i):
+    # Min-heap on (score asc, docid desc): the root is the worst of the kept top-k.
+    while True:
+        l = 2 * i + 1
+        if l >= n:
+            return
+        r = l + 1
+        m = l
+        if r < n and (hs[r] < hs[l] or (hs[r] == hs[l] and hd[r] > hd[l])):
+            m = r
+        if hs[m] < hs[i] or (hs[m] == hs[i] and hd[m] > hd[i]):
+            hs[i], hs[m] = hs[m], hs[i]
+            hd[i], hd[m] = hd[m], hd[i]
+            i = m
+        else:
+            return
+
+
+@njit(nogil=True, cache=True)
+def topk_and_reset(acc, touched, n_touched, k, doc_start, out_docs, out_scores, min_score):
+    """Exact top-k (score desc, docid asc) of the touched docs with f32 score >= min_score; zeroes ``acc``.
+
+    Returns how many results were written (sorted best first).
+    """
+    hs = np.empty(k, dtype=np.float32)
+    hd = np.empty(k, dtype=np.int64)
+    n = 0
+    for i in range(n_touched):
+        local = touched[i]
+        s = np.float32(acc[local])
+        acc[local] = 0.0
+        if s < min_score:
+            continue
+        d = local + doc_start
+        if n < k:
+            # sift up
+            j = n
+            hs[j] = s
+            hd[j] = d
+            n += 1
+            while j > 0:
+                p = (j - 1) >> 1
+                if hs[j] < hs[p] or (hs[j] == hs[p] and hd[j] > hd[p]):
+                    hs[j], hs[p] = hs[p], hs[j]
+                    hd[j], hd[p] = hd[p], hd[j]
+                    j = p
+                else:
+                    break
+        elif s > hs[0] or (s == hs[0] and d < hd[0]):
+            hs[0] = s
+            hd[0] = d
+            _sift_down(hs, hd, n, 0)
+    # Pop the heap from worst to best.
+    for j in range(n - 1, -1, -1):
+        out_scores[j] = hs[0]
+        out_docs[j] = hd[0]
+        hs[0] = hs[j]
+        hd[0] = hd[j]
+        _sift_down(hs, hd, j, 0)
+    return n
+
+
+@njit(nogil=True, cache=True)
+def kth_largest(acc, touched, n_touched, k):
+    """The k-th largest f64 partial score among the touched docs (0 if fewer than k)."""
+    if n_touched < k:
+        return 0.0
+    vals = np.empty(n_touched, dtype=np.float64)
+    for i in range(n_touched):
+        vals[i] = acc[touched[i]]
+    return np.partition(vals, n_touched - k)[n_touched - k]
+
+
+@njit(nogil=True, cache=True)
+def prune_candidates(acc, touched, n_touched, remaining_bound, threshold, cands):
+    """Candidates that can still reach ``threshold``, docid sorted; the others are zeroed in ``acc``.
+
+    Compared after rounding to f32, as final scores are: a doc whose f32 bound equals the threshold
+    could still tie the k-th score and win on docid, so it stays.
+    """
+    th = np.float32(threshold)
+    n = 0
+    for i in range(n_touched):
+        local = touched[i]
+        if np.float32(acc[local] + remaining_bound) >= th:
+            cands[n] = local
+            n += 1
+        else:
+            acc[local] = 0.0
+    cands[:n].sort()
+    return n
+
+
+@njit(nogil=True, cache=True)
+def scan_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, term_id, w, block_size, tf_bits,
+                    doc_start, acc):
+    """Add term ``term_id``'s score to docs already holding a partial score (acc != 0), by a linear scan."""
+    mask = np.uint32((1 << tf_bits) - 1)
+    shift = np.uint32(tf_bits)
+    for e in range(term_ptr[term_id], term_ptr[term_id + 1]):
+        base = np.int64(blk_id[e]) * block_size - doc_start
+        for j in range(blk_start[e], blk_start[e + 1]):
+            p = postings[j]
+            local = base + np.int64(p >> shift)
+            a = acc[local]
+            if a != 0.0:
+                acc[local] = a + np.float64(_term_score(w, p & mask, cache[norms[local + doc_start]]))
+    return 0

@@ -1,0 +1,43 @@
+"""``ragserve`` command line. Each sub-command lives in ``ragserve/commands/<name>.py`` with a ``register``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order is the order of `ragserve --help`.
+COMMAND_MODULES = ["index", "search", "info", "eval_run"]
+
+
+class CliError(Exception):
+    """A user error: printed as one line on stderr, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ragserve", description="Exact BM25 retrieval and RAG on CPU, GPU and FPGA.")
+    from ragserve import __version__
+    parser.add_argument("--version", action="version", version=f"ragserve {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"ragserve.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as e:
+        print(f"ragserve {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ragserve {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""``ragserve search``: one query to the terminal, or a query file to a TREC run."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ragserve.cli import CliError
+
+BATCH = 256  # queries per backend call in file mode
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("search", help="search an index (one query, or a query file to a TREC run)",
+                       description="Exact BM25 top-k search. With --queries, writes a TREC run "
+                                   "(qid Q0 docid rank score tag) with the corpus's own doc ids.")
+    p.add_argument("query", nargs="?", help="query text (omit with --queries)")
+    p.add_argument("--index", required=True, metavar="DIR")
+    p.add_argument("-k", type=int, default=10, help="hits per query (1..10000, default 10)")
+    p.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: the index's, 0.9)")
+    p.add_argument("--b", type=float, default=None, help="BM25 b (default: the index's, 0.4)")
+    p.add_argument("--backend", default="cpu", help="cpu (default), gpu, fpga, fpga-sim or auto")
+    p.add_argument("--json", action="store_true", help="print hits as JSON")
+    p.add_argument("--queries", metavar="FILE", help="query file: TSV id<TAB>text, BEIR/JSONL queries, or text")
+    p.add_argument("--output", metavar="RUN", help="TREC run file to write (default: stdout)")
+    p.add_argument("--tag", default="ragserve", help="run tag (last column)")
+    p.add_argument("--remove-query", action="store_true",
+                   help="drop a hit whose doc id equals the query id (BEIR ArguAna convention)")
+    p.add_argument("--xclbin", help="FPGA bitstream for --backend fpga")
+    p.set_defaults(func=run)
+
+
+def _searcher(args: argparse.Namespace):
+    from indexer.reader import InvalidIndexError
+    from ragserve.searcher import SearchError, Searcher
+
+    opts = {"xclbin": args.xclbin} if args.xclbin else {}
+    try:
+        return Searcher(args.index, backend=args.backend, **opts)
+    except (InvalidIndexError, SearchError) as e:
+        raise CliError(str(e)) from e
+    except RuntimeError as e:  # a backend that cannot start here (no GPU, no FPGA runtime)
+        raise CliError(str(e)) from e
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragserve.searcher import MAX_K, SearchError
+
+    if (args.query is None) == (args.queries is None):
+        raise CliError("give either a QUERY or --queries FILE")
+    if not 1 <= args.k <= MAX_K:
+        raise CliError(f"-k must be between 1 and {MAX_K}, got {args.k}")
+    if args.query is not None and not args.query.strip():
+        raise CliError("the query is empty")
+    searcher = _searcher(args)
+    try:
+        if args.query is not None:
+            hits = searcher.search(args.query, k=args.k, k1=args.k1, b=args.b)
+            if args.json:
+                print(json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1))
+            elif not hits:
+                print("no document matches the query")
+            for rank, h in enumerate(hits if not args.json else [], 1):
+                text = h.text if len(h.text) <= 200 else h.text[:200] + "..."
+                print(f"{rank:3d}  {h.score:9.4f}  {h.id}  {h.title}\n      {text}")
+            return 0
+        return _run_file(args, searcher)
+    except SearchError as e:
+        raise CliError(str(e)) from e
+    finally:
+        searcher.close()
+
+
+def _run_file(args: argparse.Namespace, searcher) -> int:
+    from tqdm import tqdm
+
+    from ragserve.topics import TopicsError, read_queries
+    from ragserve.trec import write_run
+
+    try:
+        queries = read_queries(args.queries)
+    except (OSError, TopicsError) as e:
+        raise CliError(str(e)) from e
+    out = open(args.output, "w") if args.output else sys.stdout
+    t0 = time.perf_counter()
+    n_empty = 0
+    try:
+        with tqdm(total=len(queries), desc="searching", unit=" q", disable=not args.output) as bar:
+            for i in range(0, len(queries), BATCH):
+                batch = queries[i:i + BATCH]
+                texts = [q.text if q.text.strip() else "" for q in batch]
+                keep = [j for j, t in enumerate(texts) if t]
+                n_empty += len(texts) - len(keep)
+                k = args.k + 1 if args.remove_query else args.k
+                hits = searcher.search_batch([texts[j] for j in keep], k=min(k, 10_000), k1=args.k1, b=args.b,
+                                             with_text=False)
+                results = []
+                for j, hs in zip(keep, hits):
+                    qid = batch[j].id
+                    pairs = [(h.id, h.score) for h in hs if not (args.remove_query and h.id == qid)]
+                    results.append((qid, pairs[:args.k]))
+                write_run(out, results, args.tag)
+                bar.update(len(batch))
+    finally:
+        if args.output:
+            out.close()
+    dt = time.perf_counter() - t0
+    if args.output:
+        print(f"{len(queries)} queries in {dt:.2f} s ({len(queries) / dt:.1f} q/s) -> {args.output}"
+              + (f"; {n_empty} empty queries skipped" if n_empty else ""), file=sys.stderr)
+    return 0
