@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragserve.peers import lucene, metrics  # noqa: E402
+from ragserve.ireval import evaluate  # noqa: E402
+from ragserve.peers import lucene  # noqa: E402
 from ragserve.topics import read_qrels, read_queries  # noqa: E402
 from ragserve.trec import write_run  # noqa: E402
 
@@ -29,6 +30,15 @@ def beir_files(folder: Path) -> tuple[Path, Path, Path]:
     if corpus is None or queries is None or not qrels.exists():
         sys.exit(f"{folder}: expected corpus.jsonl[.gz], queries.jsonl[.gz] and qrels/test.tsv")
     return corpus, queries, qrels
+
+
+def as_ranked(run: dict[str, list[tuple[str, float]]]) -> dict[str, list[tuple[str, float]]]:
+    """The run with scores replaced by -rank, so trec_eval semantics keep the engine's own order.
+
+    ArguAna has exact duplicate passages: exact score ties decide nDCG@10 in the third decimal, and trec_eval
+    re-sorts ties by docid descending where Lucene (and ragserve) rank them by internal docid ascending.
+    """
+    return {q: [(d, -float(i)) for i, (d, _) in enumerate(hits)] for q, hits in run.items()}
 
 
 def lucene_run(searcher: lucene.LuceneRef, queries, k: int, remove_query: bool) -> dict[str, list[tuple[str, float]]]:
@@ -71,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         secs = time.perf_counter() - t0
         print(f"searched {len(queries)} queries in {secs:.2f} s (k={args.k}, k1={args.k1}, b={args.b})")
         searcher.close()
-    print(f"nDCG@10 {metrics.ndcg_at(run, qrels, 10):.4f}  R@100 {metrics.recall_at(run, qrels, 100):.4f}"
-          f"  R@1000 {metrics.recall_at(run, qrels, 1000):.4f}")
+    mean = evaluate(run, qrels, ("ndcg_cut_10", "recall_100", "recall_1000")).mean
+    ranked = evaluate(as_ranked(run), qrels, ("ndcg_cut_10",)).mean
+    print(f"nDCG@10 {mean['ndcg_cut_10']:.4f} (trec_eval order)  {ranked['ndcg_cut_10']:.4f} (Lucene's order)"
+          f"  R@100 {mean['recall_100']:.4f}  R@1000 {mean['recall_1000']:.4f}")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             n = write_run(f, run.items(), "lucene-bm25")

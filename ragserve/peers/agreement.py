@@ -1,41 +1,9 @@
-"""Effectiveness and agreement measures for comparing ranked lists of two engines.
-
-nDCG@k and recall@k follow trec_eval (linear gain, log2(rank + 1) discount, averaged over the judged queries
-of the run); ranked lists are taken in the order given (best first).
-"""
+"""Agreement between the ranked lists of two engines (effectiveness itself is ``ragserve.ireval``)."""
 from __future__ import annotations
 
-import math
-from typing import Mapping, Sequence
+from typing import Sequence
 
 Ranked = Sequence[tuple[str, float]]  # (docid, score), best first
-
-
-def ndcg_at(ranked: Mapping[str, Ranked], qrels: Mapping[str, Mapping[str, int]], k: int = 10) -> float:
-    total, n = 0.0, 0
-    for qid, hits in ranked.items():
-        judged = qrels.get(qid)
-        if judged is None:
-            continue
-        dcg = sum(judged.get(d, 0) / math.log2(r + 2) for r, (d, _) in enumerate(hits[:k]))
-        ideal = sorted((g for g in judged.values() if g > 0), reverse=True)[:k]
-        idcg = sum(g / math.log2(r + 2) for r, g in enumerate(ideal))
-        total += dcg / idcg if idcg > 0 else 0.0
-        n += 1
-    return total / n if n else 0.0
-
-
-def recall_at(ranked: Mapping[str, Ranked], qrels: Mapping[str, Mapping[str, int]], k: int = 100) -> float:
-    total, n = 0.0, 0
-    for qid, hits in ranked.items():
-        judged = qrels.get(qid)
-        if judged is None:
-            continue
-        rel = {d for d, g in judged.items() if g > 0}
-        if rel:
-            total += len(rel & {d for d, _ in hits[:k]}) / len(rel)
-        n += 1
-    return total / n if n else 0.0
 
 
 def tie_groups(hits: Ranked) -> list[frozenset[str]]:
