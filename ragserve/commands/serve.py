@@ -1,0 +1,114 @@
+"""``ragserve serve``: the HTTP search and question-answering server (flask under waitress)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from ragserve.cli import CliError
+
+ENV_API_KEY = "RAGSERVE_API_KEY"
+THREAD_SAFE_BACKENDS = {"cpu"}  # per-call scratch buffers; other backends own one device context
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve search and answers over HTTP (JSON API, web page, metrics)",
+                       description="Start the HTTP server: POST /v1/search, POST /v1/answer, GET /metrics, "
+                                   "a web page at /. Binds to 127.0.0.1 unless --host says otherwise; a "
+                                   "non-loopback bind needs an API key. SIGTERM finishes in-flight requests.")
+    p.add_argument("--index", required=True, metavar="DIR", help="index directory (ragserve index)")
+    p.add_argument("--model", metavar="PATH", help="generator model directory; without it /v1/answer is off")
+    p.add_argument("--backend", default="auto", help="auto (default: gpu if usable, else cpu), cpu, gpu, fpga, fpga-sim")
+    p.add_argument("--xclbin", help="FPGA bitstream for --backend fpga")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' (default: ${ENV_API_KEY} if set)")
+    p.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
+    p.add_argument("--search-slots", type=int, default=0,
+                   help="searches run at once (default: one per core for cpu, 1 for device backends)")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-query-chars", type=int, default=2000, help="longest query or question (default 2000)")
+    lim.add_argument("--max-batch", type=int, default=64, help="most queries in one search batch (default 64)")
+    lim.add_argument("--max-k", type=int, default=100, help="largest k a client may ask for (default 100)")
+    lim.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    lim.add_argument("--request-timeout", type=float, default=60.0,
+                     help="seconds a request may wait for the backend or the generator, then 504 (default 60)")
+    lim.add_argument("--max-pending-answers", type=int, default=16,
+                     help="answers queued or running on the generator before 503 (default 16)")
+    lim.add_argument("--shutdown-grace", type=float, default=30.0,
+                     help="seconds to finish in-flight requests after SIGTERM (default 30)")
+    p.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace):
+    from ragserve.searcher import MAX_K
+    from ragserve.server.config import ServerConfig
+
+    if not 1 <= args.max_k <= MAX_K:
+        raise CliError(f"--max-k must be between 1 and {MAX_K}, got {args.max_k}")
+    if args.threads < 1:
+        raise CliError(f"--threads must be at least 1, got {args.threads}")
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.search_slots < 0 or args.shutdown_grace < 0:
+        raise CliError("--search-slots and --shutdown-grace must not be negative")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(ENV_API_KEY) or None
+    try:
+        return ServerConfig(max_query_chars=args.max_query_chars, max_batch=args.max_batch, max_k=args.max_k,
+                            max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout,
+                            max_pending_answers=args.max_pending_answers, api_key=api_key)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+
+
+def run(args: argparse.Namespace) -> int:
+    from indexer.reader import InvalidIndexError
+    from ragserve.searcher import SearchError, Searcher
+    from ragserve.server.app import create_app
+    from ragserve.server.auth import is_loopback_host
+    from ragserve.server.metrics import ServerMetrics
+    from ragserve.server.runner import serve
+
+    cfg = _config(args)
+    if cfg.api_key is None and not is_loopback_host(args.host):
+        raise CliError(f"refusing to bind to non-loopback address {args.host!r} without an API key "
+                       f"(pass --api-key or set {ENV_API_KEY})")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    opts = {"xclbin": args.xclbin} if args.xclbin else {}
+    try:
+        searcher = Searcher(args.index, backend=args.backend, **opts)
+    except (InvalidIndexError, SearchError, RuntimeError) as e:
+        raise CliError(str(e)) from e
+    slots = args.search_slots or ((os.cpu_count() or 1) if searcher.backend_name in THREAD_SAFE_BACKENDS else 1)
+    metrics = ServerMetrics()
+    answers = _answer_service(args, cfg, searcher, metrics) if args.model else None
+    app = create_app(searcher, cfg, answers=answers, metrics=metrics, search_slots=slots)
+
+    def announce(addresses: list[tuple[str, int]]) -> None:
+        for host, port in addresses:
+            h = f"[{host}]" if ":" in host else host
+            # Tests and scripts read this line to find the port when --port 0 was given.
+            print(f"ragserve serve: listening on http://{h}:{port} (index {args.index}, backend "
+                  f"{searcher.backend_name}, model {args.model or 'none'})", file=sys.stderr, flush=True)
+
+    try:
+        # send_bytes=1: write each chunk as soon as the app yields it, so server-sent events are not held back.
+        return serve(app, args.host, args.port, args.threads, args.shutdown_grace, announce,
+                     max_request_body_size=cfg.max_body_bytes * 4, send_bytes=1, channel_timeout=300)
+    except OSError as e:  # port in use, address not available
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+    finally:
+        if answers is not None:
+            answers.close()
+        searcher.close()
+
+
+def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
+    from ragserve.server.answering import AnswerService
+
+    try:
+        return AnswerService(args.model, searcher, cfg, metrics)
+    except (OSError, ValueError) as e:
+        raise CliError(str(e)) from e

@@ -1,0 +1,160 @@
+"""The flask application: routes, auth, error mapping and request metrics."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from flask import Flask, Response, g, jsonify, request, send_from_directory
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from ragserve import __version__
+from ragserve.searcher import Searcher, backend_names, get_backend_class
+from ragserve.server.auth import bearer_matches
+from ragserve.server.config import ServerConfig
+from ragserve.server.errors import ApiError
+from ragserve.server.metrics import ServerMetrics
+from ragserve.server.search_service import SearchService
+from ragserve.server.validation import answer_request, parse_json_object, search_request
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+OPEN_ENDPOINTS = {"healthz", "page", "static"}  # no token needed: liveness, and the page (it asks for the token)
+log = logging.getLogger("ragserve.server")
+
+
+def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: ServerMetrics | None = None,
+               search_slots: int = 1) -> Flask:
+    """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503."""
+    app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.json.sort_keys = False
+    m = metrics or ServerMetrics()
+    search = SearchService(searcher, m, slots=search_slots)
+    m.info.set(1, version=__version__, backend=searcher.backend_name,
+               model=answers.model_name if answers is not None else "")
+    m.docs.set(searcher.index.num_docs)
+    app.extensions["ragserve"] = {"searcher": searcher, "answers": answers, "metrics": m, "config": config}
+
+    # -- request bookkeeping ------------------------------------------------------------------
+    @app.before_request
+    def _start() -> Response | None:
+        g.t0 = time.perf_counter()
+        g.deadline = time.monotonic() + config.request_timeout_s
+        m.in_flight.add(1)
+        if config.api_key and request.endpoint not in OPEN_ENDPOINTS:
+            if not bearer_matches(request.headers.get("Authorization"), config.api_key):
+                return ApiError(401, "unauthorized", "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                field="Authorization", headers={"WWW-Authenticate": 'Bearer realm="ragserve"'}
+                                ).response()
+        return None
+
+    @app.after_request
+    def _finish(resp: Response) -> Response:
+        endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        t0, method = g.get("t0", time.perf_counter()), request.method
+
+        def record() -> None:  # on close, so a stream's latency runs until its last event
+            m.in_flight.add(-1)
+            m.requests.inc(endpoint=endpoint, method=method, status=str(resp.status_code))
+            m.latency.observe(time.perf_counter() - t0, endpoint=endpoint)
+
+        resp.call_on_close(record)
+        resp.headers.setdefault("Cache-Control", "no-store")
+        return resp
+
+    # -- errors: always JSON, never a 500 for input ----------------------------------------------
+    @app.errorhandler(ApiError)
+    def _api_error(e: ApiError) -> Response:
+        return e.response()
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def _too_large(_e: RequestEntityTooLarge) -> Response:
+        return ApiError(413, "body_too_large", f"request body is larger than {config.max_body_bytes} bytes",
+                        field="body").response()
+
+    @app.errorhandler(HTTPException)
+    def _http_error(e: HTTPException) -> Response:
+        code = (e.name or "error").lower().replace(" ", "_")
+        headers = {k: v for k, v in e.get_headers() if k.lower() == "allow"}  # 405 says what is allowed
+        message = {404: f"no such endpoint: {request.path}",
+                   405: f"{request.method} is not allowed on {request.path}; allowed: {headers.get('Allow', '')}",
+                   }.get(e.code or 0, e.description or e.name)
+        return ApiError(e.code or 500, code, message, headers=headers).response()
+
+    @app.errorhandler(Exception)
+    def _internal(e: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return ApiError(500, "internal_error", f"internal server error: {type(e).__name__}").response()
+
+    def body() -> dict:
+        return parse_json_object(request.get_data(cache=False), request.headers.get("Content-Type"))
+
+    # -- endpoints --------------------------------------------------------------------------------
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return jsonify(status="ok")
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        model = answers.status() if answers is not None else {"state": "none"}
+        ready = model["state"] in ("none", "ready")
+        resp = jsonify(ready=ready, index={"loaded": True, "documents": searcher.index.num_docs}, model=model)
+        resp.status_code = 200 if ready else 503
+        return resp
+
+    @app.get("/v1/info")
+    def info() -> Response:
+        backends = []
+        for name in backend_names():
+            try:
+                ok, why = get_backend_class(name).is_available()
+            except Exception as e:  # a backend whose module cannot even import here (no CUDA, no XRT)
+                ok, why = False, f"{type(e).__name__}: {e}"
+            backends.append({"name": name, "available": ok, "reason": why})
+        return jsonify(
+            version=__version__,
+            index={"path": str(searcher.index.path), "manifest": searcher.manifest},
+            backend={**searcher.backend.describe(), "name": searcher.backend_name},
+            backends=backends,
+            model=answers.describe() if answers is not None else None,
+            methods=answers.methods if answers is not None else [],
+            limits={"max_query_chars": config.max_query_chars, "max_batch": config.max_batch, "max_k": config.max_k,
+                    "max_body_bytes": config.max_body_bytes, "request_timeout_s": config.request_timeout_s},
+            auth=config.api_key is not None,
+        )
+
+    @app.post("/v1/search")
+    def search_endpoint() -> Response:
+        req = search_request(body(), config)
+        t0 = time.perf_counter()
+        hits, times = search.search(req, g.deadline)
+        timing = {**times.to_dict(), "total": time.perf_counter() - t0}
+        del timing["apply"]
+        results = [{"query": q, "hits": [dict(rank=i + 1, **h.to_dict()) for i, h in enumerate(hs)]}
+                   for q, hs in zip(req.queries, hits)]
+        common = {"k": req.k, "backend": searcher.backend_name, "timing": timing}
+        return jsonify(**results[0], **common) if not req.batch else jsonify(results=results, **common)
+
+    @app.post("/v1/answer")
+    def answer_endpoint() -> Response:
+        data = body()
+        if answers is None:
+            raise ApiError(503, "no_generator", "no generator is loaded: this server was started without --model, "
+                                                "so only /v1/search is available")
+        req = answer_request(data, config, answers.methods, answers.default_method)
+        if req.stream:
+            return Response(answers.stream(req, g.deadline), mimetype="text/event-stream",
+                            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return jsonify(answers.answer(req, g.deadline))
+
+    @app.get("/metrics")
+    def metrics_endpoint() -> Response:
+        if answers is not None:
+            m.queue.set(answers.pending)
+        return Response(m.render(), mimetype="text/plain", headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    @app.get("/")
+    def page() -> Response:
+        return send_from_directory(WEB_DIR, "index.html")
+
+    return app
