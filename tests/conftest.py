@@ -16,3 +16,48 @@ def shared(*parts: str) -> Path:
         pytest.skip("../shared/data is not present")
     assert p.exists(), f"missing shared data file {p}"
     return p
+
+
+@pytest.fixture(scope="session")
+def arguana_index(tmp_path_factory) -> Path:
+    """BEIR ArguAna (8,674 docs) indexed with small blocks and banks, so it spans several blocks and shards."""
+    from indexer.writer import BuildOptions, build_index
+
+    out = tmp_path_factory.mktemp("idx") / "arguana"
+    build_index([shared("beir-arguana", "corpus.jsonl.gz")], out,
+                BuildOptions(block_size=1 << 11, bank_bytes=3 << 20, progress=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def arguana_queries() -> list:
+    from ragserve.topics import read_queries
+
+    return read_queries(shared("beir-arguana", "queries.jsonl.gz"))
+
+
+@pytest.fixture(scope="session")
+def hotpot_paragraphs_jsonl(tmp_path_factory) -> Path:
+    """The HotpotQA dev (IRCoT) paragraphs as a BEIR-style corpus: one document per distinct paragraph."""
+    import json
+
+    out = tmp_path_factory.mktemp("hotpot") / "paragraphs.jsonl"
+    seen = set()
+    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f, open(out, "w") as w:
+        for line in f:
+            for c in json.loads(line)["contexts"]:
+                key = (c["title"], c["paragraph_text"])
+                if key in seen:
+                    continue
+                seen.add(key)
+                w.write(json.dumps({"_id": f"p{len(seen) - 1}", "title": c["title"], "text": c["paragraph_text"]}) + "\n")
+    return out
+
+
+@pytest.fixture(scope="session")
+def hotpot_index(tmp_path_factory, hotpot_paragraphs_jsonl) -> Path:
+    from indexer.writer import BuildOptions, build_index
+
+    out = tmp_path_factory.mktemp("idx") / "hotpot"
+    build_index([hotpot_paragraphs_jsonl], out, BuildOptions(block_size=1 << 10, bank_bytes=1 << 20, progress=False))
+    return out
