@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import re
+
 import regex
 import Stemmer
 
@@ -26,6 +28,14 @@ LUCENE_ENGLISH_STOPWORDS = frozenset(
 # at a word character and runs until the next boundary. Han and Hiragana characters are
 # single-character segments under UAX#29, exactly as Lucene emits them.
 _TOKEN = regex.compile(r"\w(?:\B.)*", flags=regex.WORD | regex.V1)
+# Fast path, 2x quicker: for lower-cased text made only of Latin-1 and common punctuation, UAX#29 reduces
+# to this pattern (letters, digits and '_' joined; MidLetter/MidNumLet between letters; MidNum/MidNumLet
+# between digits). It gives the same tokens as _TOKEN on such text (tests/test_analyzer_unit.py).
+_L1 = "a-z\u00aa\u00b5\u00ba\u00df-\u00f6\u00f8-\u00ff"
+_TOKEN_LATIN1 = re.compile(rf"[{_L1}0-9_]+(?:(?:(?<=[{_L1}])[:.'\u00b7\u2018\u2019](?=[{_L1}])"
+                           rf"|(?<=[0-9])[,;.'\u2018\u2019](?=[0-9]))[{_L1}0-9_]+)*")
+_NOT_LATIN1 = re.compile("[^\x00-\x7f\u00a0-\u00ac\u00ae-\u00ff\u2010-\u2023\u2025\u2026"
+                         "\u2030-\u203e\u2041-\u2043\u2045-\u2053\u2055-\u205e]")
 _POSSESSIVE_SUFFIXES = ("'s", "\u2019s", "\uff07s")
 MAX_TOKEN_LENGTH = 255
 
@@ -50,8 +60,9 @@ class Analyzer:
             raise ValueError(f"unknown stopword list {self.config.stopwords!r} (expected 'lucene-english' or 'none')")
         self._stop = LUCENE_ENGLISH_STOPWORDS if self.config.stopwords == "lucene-english" else frozenset()
         self._stemmer = Stemmer.Stemmer("porter") if self.config.stemmer == "porter" else None
-        # Stems are cached per distinct surface form: Wikipedia-scale text repeats a small vocabulary.
-        self._stem_cache: dict[str, str] = {}
+        # Every step after tokenization depends on the token alone, so the whole chain is cached per
+        # distinct token: token -> term, or "" for a stopword. Real text repeats a small vocabulary.
+        self._cache: dict[str, str] = {}
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> "Analyzer":
@@ -62,40 +73,51 @@ class Analyzer:
 
     def tokenize(self, text: str) -> list[str]:
         """StandardTokenizer: UAX#29 word segments, long ones split every 255 chars."""
-        out = []
         limit = self.config.max_token_length
-        for tok in _TOKEN.findall(text):
-            if len(tok) <= limit:
-                out.append(tok)
-            else:
-                out.extend(tok[i:i + limit] for i in range(0, len(tok), limit))
+        toks = _TOKEN.findall(text)
+        if max(map(len, toks), default=0) <= limit:
+            return toks
+        out = []
+        for tok in toks:
+            out.extend(tok[i:i + limit] for i in range(0, len(tok), limit))
         return out
 
-    def _stem(self, token: str) -> str:
-        stem = self._stem_cache.get(token)
-        if stem is None:
-            # Lucene's PorterStemmer leaves words of one or two letters alone; Snowball's does not.
-            stem = token if len(token) <= 2 or self._stemmer is None else self._stemmer.stemWord(token)
-            if len(self._stem_cache) < 2_000_000:
-                self._stem_cache[token] = stem
-        return stem
+    def _term(self, token: str) -> str:
+        """Possessive filter, lower case, stop filter, Porter stemmer for one token ("" if dropped)."""
+        if token.endswith(_POSSESSIVE_SUFFIXES) or token.endswith(("'S", "\u2019S", "\uff07S")):
+            token = token[:-2]
+        if self.config.lowercase:
+            token = token.lower()
+        if not token.strip("_") or token in self._stop:
+            return ""  # a stopword, or an all-underscore segment (Lucene emits no token for those)
+        # Lucene's PorterStemmer leaves words of one or two letters alone; Snowball's does not.
+        if self._stemmer is None or len(token) <= 2:
+            return token
+        return self._stemmer.stemWord(token)
 
     def analyze(self, text: str) -> list[str]:
         """Index terms of ``text`` in order (stopwords removed, so the length is Lucene's)."""
-        terms = []
-        stop = self._stop
-        lower = self.config.lowercase
-        for tok in self.tokenize(text):
-            if tok.endswith(_POSSESSIVE_SUFFIXES):
-                tok = tok[:-2]
-            elif tok.endswith(("'S", "\u2019S", "\uff07S")):
-                tok = tok[:-2]
-            if lower:
-                tok = tok.lower()
-            if not tok or tok in stop:
-                continue
-            terms.append(self._stem(tok))
-        return terms
+        # Lower-casing first is equivalent (segmentation ignores case, the possessive filter takes 's
+        # and 'S) and lets case variants share cache entries.
+        if self.config.lowercase:
+            text = text.lower()
+            pattern = _TOKEN if _NOT_LATIN1.search(text) else _TOKEN_LATIN1
+        else:
+            pattern = _TOKEN
+        toks = pattern.findall(text)
+        get = self._cache.get
+        terms = [get(t) for t in toks]
+        if None in terms:
+            limit = self.config.max_token_length
+            for i, term in enumerate(terms):
+                if term is None:
+                    tok = toks[i]
+                    if len(tok) > limit:
+                        return [t for t in map(self._term, self.tokenize(text)) if t]
+                    term = terms[i] = self._term(tok)
+                    if len(self._cache) < 4_000_000:  # bounded: junk tokens must not grow it forever
+                        self._cache[tok] = term
+        return [t for t in terms if t]
 
     def term_counts(self, text: str) -> tuple[Counter, int]:
         """(term -> frequency, document length in tokens) for one document or query."""

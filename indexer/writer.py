@@ -14,7 +14,6 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -59,22 +58,25 @@ def _init_worker(cfg: dict) -> None:
 
 
 def _analyse_chunk(texts: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Term strings local to the chunk, and per posting: local term index and tf; per doc: #terms, length."""
+    """Term strings local to the chunk, and per posting: local term index and tf; per doc: #terms, length.
+
+    Postings come out grouped by document (docs in order), as the writer expects.
+    """
     assert _worker_analyzer is not None
-    local: dict[str, int] = {}
-    term_idx: list[int] = []
-    tfs: list[int] = []
-    uniq = np.empty(len(texts), dtype=np.int32)
+    analyze = _worker_analyzer.analyze
+    all_terms: list[str] = []
     lengths = np.empty(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):
-        terms = _worker_analyzer.analyze(text)
-        counts = Counter(terms)
+        terms = analyze(text)
         lengths[i] = len(terms)
-        uniq[i] = len(counts)
-        for t, f in counts.items():
-            term_idx.append(local.setdefault(t, len(local)))
-            tfs.append(f)
-    return list(local), np.asarray(term_idx, dtype=np.int32), np.asarray(tfs, dtype=np.int64), uniq, lengths
+        all_terms.extend(terms)
+    local: dict[str, int] = {}
+    ids = np.fromiter((local.setdefault(t, len(local)) for t in all_terms), dtype=np.int64, count=len(all_terms))
+    doc_of = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)
+    width = max(len(local), 1)
+    keys, tfs = np.unique(doc_of * width + ids, return_counts=True)
+    uniq = np.bincount(keys // width, minlength=len(texts)).astype(np.int32)
+    return list(local), (keys % width).astype(np.int32), tfs.astype(np.int64), uniq, lengths
 
 
 def _indexed_text(title: str, text: str) -> str:
