@@ -46,3 +46,22 @@ def test_long_tokens_are_split_every_255_chars():
 def test_term_counts_give_length_after_stopwords():
     counts, n = Analyzer().term_counts("the cat and the cats")
     assert counts == {"cat": 2} and n == 2
+
+
+def test_latin1_fast_path_tokenizes_like_uax29_on_real_text():
+    import json
+
+    from indexer import analyzer as A
+    from tests.conftest import shared
+
+    texts = [json.loads(line)["contents"] for line in open(shared("wiki18-100w-passages-sample", "sample_data.jsonl"))]
+    texts += [json.loads(line)["text"] for line in open(shared("enwiki-wikiextractor-json-sample", "wiki_00"))]
+    texts += ["l\u2019homme d\u2019\u00e9tat 3\u20195 a\u2019 \u2019b x\u00b7y 1\u00b72 caf\u00e9\u2019s na\u00efve \u00bd x\u00b2 "
+              "\u00b5m \u00aab \u00ba1 \u2018q\u2019 a_:b a:_b _a_ ___ a._b 1,_2 1_,2 3.14.15 a.b.c. 1;2 a;b"]
+    checked = 0
+    for t in texts:
+        t = t.lower()
+        if not A._NOT_LATIN1.search(t):
+            assert A._TOKEN_LATIN1.findall(t) == A._TOKEN.findall(t)
+            checked += 1
+    assert checked > 900
