@@ -133,6 +133,28 @@ def _load_cpu() -> type[Backend]:
 register_backend("cpu", _load_cpu)
 
 
+def _load_gpu() -> type[Backend]:
+    from ragserve.backends.gpu import GpuBackend
+    return GpuBackend
+
+
+register_backend("gpu", _load_gpu)
+
+
+def _load_fpga() -> type[Backend]:
+    from ragserve.backends.fpga import FpgaBackend
+    return FpgaBackend
+
+
+def _load_fpga_sim() -> type[Backend]:
+    from ragserve.backends.fpga_sim import FpgaSimBackend
+    return FpgaSimBackend
+
+
+register_backend("fpga", _load_fpga)
+register_backend("fpga-sim", _load_fpga_sim)
+
+
 class Searcher:
     """Analyse, score, rank and fetch passages from one index with the chosen backend."""
 

@@ -1,0 +1,121 @@
+"""``fpga-sim`` backend: the FPGA host code driving the kernel's C simulation.
+
+The kernel source ``hls_bm25/bm25_topk.cpp`` is compiled with g++ as a shared library (the same source and flags
+as ``make -C hls_bm25 lib``), cached under a build directory keyed by the hash of the sources and flags, and
+called through ctypes once per shard and batch, exactly where the ``fpga`` backend launches a compute unit.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from indexer.reader import IndexReader
+from ragserve.backends.fpga_host import (DEFAULT_BATCH, FpgaHostBackend, FpgaUnavailableError,
+                                         LaunchResult, QueryBatch)
+
+HLS_DIR = Path(__file__).resolve().parents[2] / "hls_bm25"
+SOURCES = ("bm25_topk.cpp", "bm25_topk.h", "shim/hls_stream.h")
+# Same flags as the Makefile's `lib` target. -ffp-contract=off keeps 1 + tf * cache two rounded operations.
+CXXFLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-ffp-contract=off", "-Wno-unknown-pragmas")
+
+_u32p = np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS")
+_f32p = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
+_u8p = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
+_ARGTYPES = [_u32p, _u8p, _u32p, _u32p, _u32p, _f32p, _u32p, _u32p, _f32p, _u32p, _f32p, _u32p, _u32p] + \
+    [ctypes.c_uint32] * 8
+
+# The kernel keeps its accumulator in static memory (on-chip RAM in hardware): one call at a time per process.
+_CALL_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+
+
+def _cache_dirs() -> list[Path]:
+    return [HLS_DIR / "build" / "sim", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ragserve"
+            / "fpga-sim"]
+
+
+def library_path() -> Path:
+    """Build the C-simulation library if needed (g++), and return its path."""
+    missing = [s for s in SOURCES if not (HLS_DIR / s).is_file()]
+    if missing:
+        raise FpgaUnavailableError(f"the kernel source is missing ({HLS_DIR}/{missing[0]}); fpga-sim needs a "
+                                   f"ragserve source checkout with hls_bm25/")
+    h = hashlib.sha256(" ".join(CXXFLAGS).encode())
+    for s in SOURCES:
+        h.update(s.encode() + b"\0" + (HLS_DIR / s).read_bytes())
+    key = h.hexdigest()[:16]
+    for d in _cache_dirs():
+        so = d / key / "libbm25_topk.so"
+        if so.is_file():
+            return so
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        raise FpgaUnavailableError(f"fpga-sim compiles the HLS kernel with a C++ compiler, and {cxx!r} was not found; "
+                                   f"install g++ (e.g. apt-get install g++) or set CXX")
+    errors = []
+    for d in _cache_dirs():
+        out_dir = d / key
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            # Compile to a temporary name and rename, so concurrent builders never load a partial file.
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+            os.close(fd)
+        except OSError as e:
+            errors.append(f"{out_dir}: {e}")
+            continue
+        cmd = [cxx, *CXXFLAGS, f"-I{HLS_DIR / 'shim'}", f"-I{HLS_DIR}", "-o", tmp, str(HLS_DIR / "bm25_topk.cpp")]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            os.unlink(tmp)
+            raise FpgaUnavailableError(f"compiling the HLS kernel failed ({' '.join(cmd)}):\n{proc.stderr.strip()}")
+        so = out_dir / "libbm25_topk.so"
+        os.replace(tmp, so)
+        return so
+    raise FpgaUnavailableError("no writable build directory for the fpga-sim library: " + "; ".join(errors))
+
+
+def load_library() -> ctypes.CDLL:
+    global _LIB
+    with _CALL_LOCK:
+        if _LIB is None:
+            lib = ctypes.CDLL(str(library_path()))
+            lib.bm25_topk.argtypes = _ARGTYPES
+            lib.bm25_topk.restype = None
+            _LIB = lib
+        return _LIB
+
+
+class FpgaSimBackend(FpgaHostBackend):
+    """The FPGA host path with the kernel run in C simulation: bit-identical results, no card needed."""
+
+    name = "fpga-sim"
+
+    def __init__(self, index: IndexReader, batch_size: int = DEFAULT_BATCH, **options) -> None:
+        super().__init__(index, batch_size, **options)
+        self.lib = load_library()
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        if shutil.which(os.environ.get("CXX", "g++")) is None:
+            return False, "no C++ compiler (g++) to build the kernel's C simulation"
+        return True, ""
+
+    def launch(self, batch: QueryBatch) -> list[LaunchResult]:
+        n, k = batch.num_queries, batch.k
+        out = []
+        for sh in self.shards:
+            r = LaunchResult.empty(n, k)
+            with _CALL_LOCK:
+                self.lib.bm25_topk(*sh.arrays(), batch.cache, batch.q_off, batch.q_terms, batch.q_weights,
+                                   r.docids, r.scores, r.counts, r.stats, *self.scalar_args(batch, sh))
+            out.append(r)
+        return out
+
