@@ -185,3 +185,92 @@ def scan_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, term_id
             if a != 0.0:
                 acc[local] = a + np.float64(_term_score(w, p & mask, cache[norms[local + doc_start]]))
     return 0
+
+
+@njit(nogil=True, cache=True)
+def search_shard(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, bounds, exact_sum,
+                 k, block_size, tf_bits, doc_start, acc, touched, cands, out_docs, out_scores):
+    """Exact top-k of one query in one shard; returns the number of results written (best first).
+
+    With ``exact_sum`` (the f64 sum of the query's term scores is order-free), terms are visited in
+    decreasing ``bounds`` order (MaxScore): once the bounds of the unvisited terms add up to less than
+    the current k-th partial score (compared in f32, as final scores are), no unseen document can enter
+    the top-k, and the remaining terms only update the surviving candidates. Without it, every term
+    is added in ascending term-id order, the canonical order of FORMAT.md.
+    """
+    nq = term_ids.size
+    if not exact_sum or nq == 1:
+        order = np.arange(nq)
+        n_t = score_terms(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, block_size,
+                          tf_bits, doc_start, acc, touched, 0, order)
+        return topk_and_reset(acc, touched, n_t, k, doc_start, out_docs, out_scores, np.float32(0.0))
+    order = np.argsort(-bounds, kind="mergesort")
+    remaining = np.zeros(nq, dtype=np.float64)  # remaining[i]: sum of bounds of the terms after order[i]
+    for i in range(nq - 2, -1, -1):
+        remaining[i] = remaining[i + 1] + bounds[order[i + 1]]
+    slack = 1.0 + 1e-12  # far below one f32 ulp; guards the f64 sum of bounds
+    n_t = 0
+    i = 0
+    switched = False
+    one = np.empty(1, dtype=np.int64)
+    while i < nq:
+        if bounds[order[i]] == 0.0:
+            break  # this and every later term are absent from the shard
+        one[0] = order[i]
+        n_t = score_terms(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, block_size,
+                          tf_bits, doc_start, acc, touched, n_t, one)
+        i += 1
+        if i < nq and n_t >= k:
+            theta = kth_largest(acc, touched, n_t, k)
+            if np.float32(remaining[i - 1] * slack) < np.float32(theta):
+                switched = True
+                break
+    if not switched:
+        return topk_and_reset(acc, touched, n_t, k, doc_start, out_docs, out_scores, np.float32(0.0))
+    n_c = n_t
+    view = touched
+    mask = np.uint32((1 << tf_bits) - 1)
+    while i < nq and bounds[order[i]] > 0.0:
+        theta = kth_largest(acc, view, n_c, k)
+        n_c = prune_candidates(acc, view, n_c, remaining[i - 1] * slack, theta, cands)
+        view = cands
+        j = order[i]
+        t = term_ids[j]
+        n_post = np.int64(blk_start[term_ptr[t + 1]]) - np.int64(blk_start[term_ptr[t]])
+        if n_c * 24 < n_post:
+            rescore_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, t, weights[j], block_size,
+                               tf_bits, doc_start, acc, cands, n_c)
+        else:
+            scan_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, t, weights[j], block_size,
+                            tf_bits, doc_start, acc)
+        i += 1
+    return topk_and_reset(acc, view, n_c, k, doc_start, out_docs, out_scores, np.float32(0.0))
+
+
+@njit(nogil=True, cache=True)
+def term_max_q(term_ptr, blk_maxq):
+    """Per term, the max over its block entries of ``blk_maxq`` (0 where the term is absent)."""
+    V = term_ptr.size - 1
+    out = np.zeros(V, dtype=np.float32)
+    for t in range(V):
+        m = np.float32(0.0)
+        for e in range(term_ptr[t], term_ptr[t + 1]):
+            if blk_maxq[e] > m:
+                m = blk_maxq[e]
+        out[t] = m
+    return out
+
+
+@njit(nogil=True, cache=True)
+def general_max_q(term_ptr, blk_maxtf, blk_minnorm, cache, term_ids):
+    """Per query term, a bound on q valid for any k1/b: max over entries of f32(maxtf * cache[minnorm])."""
+    out = np.zeros(term_ids.size, dtype=np.float32)
+    for i in range(term_ids.size):
+        t = term_ids[i]
+        m = np.float32(0.0)
+        for e in range(term_ptr[t], term_ptr[t + 1]):
+            q = np.float32(blk_maxtf[e]) * cache[blk_minnorm[e]]
+            if q > m:
+                m = q
+        out[i] = m
+    return out
