@@ -452,6 +452,8 @@ def build_index(inputs: list[str | Path], out_dir: str | Path, options: BuildOpt
 
     def counted() -> Iterator:
         yield from docs
-        source.update(records=stats.records, skipped=stats.skipped, errors=[str(e) for e in stats.errors[:100]])
+        source.update(records=stats.records, documents=stats.documents, skipped=stats.skipped,
+                      filtered=stats.filtered, invalid_utf8=stats.invalid_utf8, error_count=stats.error_count,
+                      errors=[f"{e.file}:{e.line}: {e.message}" for e in stats.errors[:100]])
 
     return build_index_from_documents(counted(), out_dir, options, source)

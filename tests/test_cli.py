@@ -1,0 +1,91 @@
+"""The ragserve CLI end to end through real processes: index, info, search, batch runs, and its errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import shared
+
+
+def ragserve(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ragserve", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def wiki_index(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "wiki"
+    r = ragserve("index", str(shared("wiki18-100w-passages-sample", "sample_data.jsonl")), "--out", str(out),
+                 "--block-size", "256", "--bank-bytes", "400000", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "indexed 1,000 documents" in r.stdout
+    return out
+
+
+def test_info_reports_layout(wiki_index):
+    r = ragserve("info", str(wiki_index), "--verify")
+    assert r.returncode == 0, r.stderr
+    assert "1,000" in r.stdout and "shard_0001" in r.stdout and "checksums verified" in r.stdout
+    m = json.loads(ragserve("info", str(wiki_index), "--json").stdout)
+    assert m["stats"]["num_docs"] == 1000 and m["layout"]["num_shards"] >= 2
+
+
+def test_search_prints_and_emits_json(wiki_index):
+    r = ragserve("search", "--index", str(wiki_index), "history of the united states", "-k", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    hits = json.loads(r.stdout)
+    assert len(hits) == 3 and hits[0]["score"] >= hits[1]["score"] >= hits[2]["score"]
+    assert all(h["text"] and h["id"] for h in hits)
+    r = ragserve("search", "--index", str(wiki_index), "zzzzqqq")
+    assert r.returncode == 0 and "no document matches" in r.stdout
+
+
+def test_batch_search_writes_trec_run_matching_single_queries(wiki_index, tmp_path):
+    topics = tmp_path / "q.tsv"
+    topics.write_text("q1\thistory of the united states\nq2\tfootball club\nq3\tthe\n")
+    run = tmp_path / "run.trec"
+    r = ragserve("search", "--index", str(wiki_index), "--queries", str(topics), "-k", "5", "--output", str(run))
+    assert r.returncode == 0, r.stderr
+    lines = [line.split() for line in run.read_text().splitlines()]
+    assert {ln[0] for ln in lines} == {"q1", "q2"}  # "the" is all stopwords: no hits
+    single = json.loads(ragserve("search", "--index", str(wiki_index), "football club", "-k", "5", "--json").stdout)
+    q2 = [ln for ln in lines if ln[0] == "q2"]
+    assert [ln[2] for ln in q2] == [h["id"] for h in single]
+    assert [ln[3] for ln in q2] == ["1", "2", "3", "4", "5"]
+    assert all(float(a[4]) == pytest.approx(h["score"], rel=1e-6) for a, h in zip(q2, single))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["index", "/no/such/file.jsonl", "--out", "X"], "does not exist"),
+    (["search", "--index", "/no/such/index", "q"], "no such index"),
+    (["search", "--index", "{idx}", "q", "-k", "0"], "-k must be between"),
+    (["search", "--index", "{idx}", "q", "-k", "10001"], "-k must be between"),
+    (["search", "--index", "{idx}", "   "], "empty"),
+    (["search", "--index", "{idx}"], "either a QUERY or --queries"),
+    (["search", "--index", "{idx}", "q", "--backend", "quantum"], "unknown backend"),
+    (["search", "--index", "{idx}", "q", "--b", "2"], "b must be between"),
+    (["info", "{tmp}"], "not an index"),
+    (["index", "{bad}", "--out", "{tmp}/o", "--on-error", "fail", "--quiet"], "bad.jsonl"),
+])
+def test_errors_are_one_clear_line_and_exit_2(wiki_index, tmp_path, args, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "contents": "fine"}\n{not json\n')
+    args = [a.format(idx=wiki_index, tmp=tmp_path, bad=bad) for a in args]
+    r = ragserve(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_index_skips_malformed_records_and_reports_them(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "contents": "fine words"}\n{not json\n{"id": "3", "contents": "more words"}\n')
+    r = ragserve("index", str(bad), "--out", str(tmp_path / "o"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "indexed 2 documents (1 malformed records skipped)" in r.stdout
+    assert "bad.jsonl" in r.stdout and ":2" in r.stdout
