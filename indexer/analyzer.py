@@ -2,7 +2,7 @@
 
 Chain, as in Lucene: StandardTokenizer (UAX#29 word breaks, tokens longer than 255
 chars split) -> EnglishPossessiveFilter -> LowerCaseFilter -> StopFilter (Lucene's
-33 English stopwords) -> PorterStemFilter (original Porter algorithm).
+33 English stopwords) -> PorterStemFilter (Porter's reference release 3, as Lucene has it: ``indexer/porter.py``).
 
 The same ``Analyzer`` object is used at index and query time, and its ``config()``
 is recorded in the index manifest so a searcher rebuilds exactly the same chain.
@@ -16,7 +16,8 @@ from typing import Any
 import re
 
 import regex
-import Stemmer
+
+from indexer.porter import PorterStemmer
 
 # Lucene EnglishAnalyzer.ENGLISH_STOP_WORDS_SET.
 LUCENE_ENGLISH_STOPWORDS = frozenset(
@@ -59,7 +60,7 @@ class Analyzer:
         if self.config.stopwords not in ("lucene-english", "none"):
             raise ValueError(f"unknown stopword list {self.config.stopwords!r} (expected 'lucene-english' or 'none')")
         self._stop = LUCENE_ENGLISH_STOPWORDS if self.config.stopwords == "lucene-english" else frozenset()
-        self._stemmer = Stemmer.Stemmer("porter") if self.config.stemmer == "porter" else None
+        self._stemmer = PorterStemmer() if self.config.stemmer == "porter" else None
         # Every step after tokenization depends on the token alone, so the whole chain is cached per
         # distinct token: token -> term, or "" for a stopword. Real text repeats a small vocabulary.
         self._cache: dict[str, str] = {}
@@ -93,7 +94,7 @@ class Analyzer:
         # Lucene's PorterStemmer leaves words of one or two letters alone; Snowball's does not.
         if self._stemmer is None or len(token) <= 2:
             return token
-        return self._stemmer.stemWord(token)
+        return self._stemmer.stem(token)
 
     def analyze(self, text: str) -> list[str]:
         """Index terms of ``text`` in order (stopwords removed, so the length is Lucene's)."""

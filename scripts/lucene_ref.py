@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragserve.ireval import evaluate  # noqa: E402
 from ragserve.peers import lucene  # noqa: E402
+from ragserve.peers.parity import as_engine_order, lucene_run  # noqa: E402
 from ragserve.topics import read_qrels, read_queries  # noqa: E402
 from ragserve.trec import write_run  # noqa: E402
 
@@ -30,25 +31,6 @@ def beir_files(folder: Path) -> tuple[Path, Path, Path]:
     if corpus is None or queries is None or not qrels.exists():
         sys.exit(f"{folder}: expected corpus.jsonl[.gz], queries.jsonl[.gz] and qrels/test.tsv")
     return corpus, queries, qrels
-
-
-def as_ranked(run: dict[str, list[tuple[str, float]]]) -> dict[str, list[tuple[str, float]]]:
-    """The run with scores replaced by -rank, so trec_eval semantics keep the engine's own order.
-
-    ArguAna has exact duplicate passages: exact score ties decide nDCG@10 in the third decimal, and trec_eval
-    re-sorts ties by docid descending where Lucene (and ragserve) rank them by internal docid ascending.
-    """
-    return {q: [(d, -float(i)) for i, (d, _) in enumerate(hits)] for q, hits in run.items()}
-
-
-def lucene_run(searcher: lucene.LuceneRef, queries, k: int, remove_query: bool) -> dict[str, list[tuple[str, float]]]:
-    """qid -> [(docid, score)] best first, the query's own doc removed (one extra hit fetched to keep k)."""
-    run = {}
-    for q in queries:
-        hits = searcher.search(q.text, k + 1 if remove_query else k)
-        ranked = [(h.id, h.score) for h in hits if not (remove_query and h.id == q.id)]
-        run[q.id] = ranked[:k]
-    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"searched {len(queries)} queries in {secs:.2f} s (k={args.k}, k1={args.k1}, b={args.b})")
         searcher.close()
     mean = evaluate(run, qrels, ("ndcg_cut_10", "recall_100", "recall_1000")).mean
-    ranked = evaluate(as_ranked(run), qrels, ("ndcg_cut_10",)).mean
+    ranked = evaluate(as_engine_order(run), qrels, ("ndcg_cut_10",)).mean
     print(f"nDCG@10 {mean['ndcg_cut_10']:.4f} (trec_eval order)  {ranked['ndcg_cut_10']:.4f} (Lucene's order)"
           f"  R@100 {mean['recall_100']:.4f}  R@1000 {mean['recall_1000']:.4f}")
     if args.output:

@@ -94,43 +94,77 @@ class LuceneHit:
     lucene_docid: int
 
 
+def open_reader(index_dir: str | Path):
+    """A Lucene ``IndexReader`` over an index directory (typed as IndexReader so pyjnius picks the right
+    overloads of IndexSearcher's constructor and MultiTerms.getTerms)."""
+    from jnius import autoclass, cast
+
+    path = autoclass("java.io.File")(str(index_dir)).toPath()
+    reader = autoclass("org.apache.lucene.index.DirectoryReader").open(autoclass("org.apache.lucene.store.FSDirectory").open(path))
+    return cast("org.apache.lucene.index.IndexReader", reader)
+
+
 class LuceneRef:
-    """pyserini's ``LuceneSearcher`` (Anserini SimpleSearcher) with BM25 k1, b and its default analyzer."""
+    """Lucene BM25 exactly as pyserini's ``LuceneSearcher`` queries it, with the raw hits.
+
+    pyserini's searcher (Anserini ``SimpleSearcher``) builds a bag-of-words query with Anserini's default
+    analyzer (each distinct term a SHOULD clause boosted by its count) and searches it with
+    ``BM25Similarity(k1, b)``, then rounds scores to 4 decimals and re-sorts ties by external id. ``search``
+    runs the same query on a single-threaded Lucene ``IndexSearcher`` and returns Lucene's own top-k: f32 scores
+    at full precision, ties in internal docid order. ``pyserini`` is the ``LuceneSearcher`` itself (for timing
+    what pyserini users call).
+    """
+
+    FIELD = "contents"
 
     def __init__(self, index_dir: str | Path, k1: float = 0.9, b: float = 0.4) -> None:
         start_jvm()
+        from jnius import autoclass
         from pyserini.search.lucene import LuceneSearcher
 
-        self.searcher = LuceneSearcher(str(index_dir))
-        self.searcher.set_bm25(k1, b)
-        self.num_docs = int(self.searcher.num_docs)
+        self.pyserini = LuceneSearcher(str(index_dir))
+        self.pyserini.set_bm25(k1, b)
+        self.num_docs = int(self.pyserini.num_docs)
+        self._reader = open_reader(index_dir)
+        self._searcher = autoclass("org.apache.lucene.search.IndexSearcher")(self._reader)
+        self._searcher.setSimilarity(autoclass("org.apache.lucene.search.similarities.BM25Similarity")(k1, b))
+        self._stored = self._reader.storedFields()
+        self._ids: dict[int, str] = {}  # Lucene docid -> external id, fetched on first use (one JNI call each)
+        self._analyzer = autoclass("io.anserini.index.IndexCollection").DEFAULT_ANALYZER
+        self._generator = autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")()
+
+    def query(self, text: str):
+        return self._generator.buildQuery(self.FIELD, self._analyzer, text)
 
     def search(self, query: str, k: int = 10) -> list[LuceneHit]:
-        return [LuceneHit(h.docid, float(h.score), int(h.lucene_docid)) for h in self.searcher.search(query, k)]
+        top = self._searcher.search(self.query(query), k)
+        return [LuceneHit(self.external_id(sd.doc), float(sd.score), int(sd.doc)) for sd in top.scoreDocs]
 
     def search_raw(self, query: str, k: int = 10):
-        """The Java hits as they come (for timing without Python conversion)."""
-        return self.searcher.object.search(query, k)
+        """Lucene's ``TopDocs`` as it comes (for timing without conversion to Python)."""
+        return self._searcher.search(self.query(query), k)
 
-    def batch_search(self, queries: list[str], qids: list[str], k: int = 10, threads: int = 1) -> dict[str, list[LuceneHit]]:
-        res = self.searcher.batch_search(queries, qids, k=k, threads=threads)
-        return {q: [LuceneHit(h.docid, float(h.score), int(h.lucene_docid)) for h in hits] for q, hits in res.items()}
-
-    def batch_search_raw(self, queries: list[str], qids: list[str], k: int = 10, threads: int = 1):
-        return self.searcher.batch_search(queries, qids, k=k, threads=threads)
+    def external_id(self, doc: int) -> str:
+        doc = int(doc)
+        ext = self._ids.get(doc)
+        if ext is None:
+            ext = self._ids[doc] = self._stored.document(doc).get("id")
+        return ext
 
     def close(self) -> None:
-        self.searcher.close()
+        self.pyserini.close()
+        self._reader.close()
 
 
 class LuceneAnalyzer:
-    """The analyzer SimpleSearcher uses by default (Anserini DefaultEnglishAnalyzer: Porter, English stopwords)."""
+    """The analyzer pyserini indexes and searches with by default (Anserini DefaultEnglishAnalyzer, Porter)."""
 
     def __init__(self) -> None:
         start_jvm()
-        from pyserini.analysis import Analyzer, get_lucene_analyzer
+        from jnius import autoclass
 
-        self._analyzer = Analyzer(get_lucene_analyzer())
+        self._analyzer = autoclass("io.anserini.index.IndexCollection").DEFAULT_ANALYZER
+        self._utils = autoclass("io.anserini.analysis.AnalyzerUtils")
 
     def analyze(self, text: str) -> list[str]:
-        return list(self._analyzer.analyze(text))
+        return list(self._utils.analyze(self._analyzer, text).toArray())
