@@ -9,6 +9,7 @@ import sys
 from ragserve.cli import CliError
 
 ENV_API_KEY = "RAGSERVE_API_KEY"
+WAITRESS_BODY_SLACK = 1 << 20
 THREAD_SAFE_BACKENDS = {"cpu"}  # per-call scratch buffers; other backends own one device context
 
 
@@ -94,9 +95,12 @@ def run(args: argparse.Namespace) -> int:
                   f"{searcher.backend_name}, model {args.model or 'none'})", file=sys.stderr, flush=True)
 
     try:
-        # send_bytes=1: write each chunk as soon as the app yields it, so server-sent events are not held back.
+        # waitress refuses (plain-text 413) bodies so large they are not worth buffering; smaller ones over
+        # the limit reach flask, which answers with the JSON error. send_bytes=1: write each chunk as soon
+        # as the app yields it, so server-sent events are not held back.
         return serve(app, args.host, args.port, args.threads, args.shutdown_grace, announce,
-                     max_request_body_size=cfg.max_body_bytes * 4, send_bytes=1, channel_timeout=300)
+                     max_request_body_size=cfg.max_body_bytes + WAITRESS_BODY_SLACK, send_bytes=1,
+                     channel_timeout=300)
     except OSError as e:  # port in use, address not available
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 from flask import Flask, Response, g, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -16,10 +17,44 @@ from ragserve.server.errors import ApiError
 from ragserve.server.metrics import ServerMetrics
 from ragserve.server.search_service import SearchService
 from ragserve.server.validation import answer_request, parse_json_object, search_request
+from ragserve.server.wsgi import ClosingIterable
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 OPEN_ENDPOINTS = {"healthz", "page", "static"}  # no token needed: liveness, and the page (it asks for the token)
+ENDPOINT_KEY = "ragserve.endpoint"  # the matched URL rule, left in the WSGI environ for RequestMetrics
 log = logging.getLogger("ragserve.server")
+
+
+class RequestMetrics:
+    """Counts and times every request at the WSGI layer, until its body is closed (so a stream's latency
+    runs to its last event, and static files, which bypass flask's close hooks, are counted too)."""
+
+    def __init__(self, wsgi_app: Callable, metrics: ServerMetrics) -> None:
+        self.wsgi_app = wsgi_app
+        self.metrics = metrics
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        t0 = time.perf_counter()
+        m = self.metrics
+        m.in_flight.add(1)
+        status = ["500"]
+
+        def capture(s: str, headers: list, exc_info=None):
+            status[0] = s.split(" ", 1)[0]
+            return start_response(s, headers, exc_info) if exc_info else start_response(s, headers)
+
+        def record() -> None:
+            m.in_flight.add(-1)
+            endpoint = environ.get(ENDPOINT_KEY, "unmatched")
+            m.requests.inc(endpoint=endpoint, method=environ.get("REQUEST_METHOD", ""), status=status[0])
+            m.latency.observe(time.perf_counter() - t0, endpoint=endpoint)
+
+        try:
+            body = self.wsgi_app(environ, capture)
+        except BaseException:
+            record()
+            raise
+        return ClosingIterable(body, record)
 
 
 def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: ServerMetrics | None = None,
@@ -35,12 +70,13 @@ def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: 
     m.docs.set(searcher.index.num_docs)
     app.extensions["ragserve"] = {"searcher": searcher, "answers": answers, "metrics": m, "config": config}
 
+    app.wsgi_app = RequestMetrics(app.wsgi_app, m)
+
     # -- request bookkeeping ------------------------------------------------------------------
     @app.before_request
     def _start() -> Response | None:
-        g.t0 = time.perf_counter()
         g.deadline = time.monotonic() + config.request_timeout_s
-        m.in_flight.add(1)
+        request.environ[ENDPOINT_KEY] = request.url_rule.rule if request.url_rule is not None else "unmatched"
         if config.api_key and request.endpoint not in OPEN_ENDPOINTS:
             if not bearer_matches(request.headers.get("Authorization"), config.api_key):
                 return ApiError(401, "unauthorized", "missing or wrong API key: send 'Authorization: Bearer <key>'",
@@ -50,15 +86,6 @@ def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: 
 
     @app.after_request
     def _finish(resp: Response) -> Response:
-        endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        t0, method = g.get("t0", time.perf_counter()), request.method
-
-        def record() -> None:  # on close, so a stream's latency runs until its last event
-            m.in_flight.add(-1)
-            m.requests.inc(endpoint=endpoint, method=method, status=str(resp.status_code))
-            m.latency.observe(time.perf_counter() - t0, endpoint=endpoint)
-
-        resp.call_on_close(record)
         resp.headers.setdefault("Cache-Control", "no-store")
         return resp
 
@@ -151,7 +178,7 @@ def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: 
     def metrics_endpoint() -> Response:
         if answers is not None:
             m.queue.set(answers.pending)
-        return Response(m.render(), mimetype="text/plain", headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return Response(m.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/")
     def page() -> Response:

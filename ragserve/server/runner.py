@@ -16,6 +16,8 @@ from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
 
+from ragserve.server.wsgi import ClosingIterable
+
 log = logging.getLogger("ragserve.server")
 POLL_S = 0.1  # how often the loop looks at the stop flag (signal handlers cannot safely wake it)
 
@@ -39,23 +41,7 @@ class InFlight:
         except BaseException:
             self._add(-1)
             raise
-        return _ClosingIterable(body, lambda: self._add(-1))
-
-
-class _ClosingIterable:
-    def __init__(self, body: Iterable[bytes], on_close: Callable[[], None]) -> None:
-        self._body = body
-        self._on_close = on_close
-
-    def __iter__(self):
-        return iter(self._body)
-
-    def close(self) -> None:
-        try:
-            if hasattr(self._body, "close"):
-                self._body.close()
-        finally:
-            self._on_close()
+        return ClosingIterable(body, lambda: self._add(-1))
 
 
 def _busy_channels(socket_map: dict) -> int:

@@ -1,0 +1,77 @@
+"""Run ``ragserve serve`` as a real process on a free loopback port, for the server tests."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+LISTEN_RE = re.compile(r"listening on (http://127\.0\.0\.1:(\d+))")
+# The installed console script, as a user runs it (the venv's bin directory holds it next to python).
+RAGSERVE = [str(Path(sys.executable).with_name("ragserve"))]
+
+
+class ServerProcess:
+    """``ragserve serve --port 0 ...``; the port is read from the server's own "listening on" line."""
+
+    def __init__(self, *args: str, env: dict | None = None, startup_timeout: float = 60.0) -> None:
+        cmd = [sys.executable, "-m", "ragserve", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        full_env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=full_env)
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.url = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(startup_timeout) or not self.url:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError("server did not start:\n" + self.log())
+        self.port = int(self.url.rsplit(":", 1)[1])
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            m = LISTEN_RE.search(line)
+            if m and not self.url:
+                self.url = m.group(1)
+                self._ready.set()
+        self._ready.set()  # stderr closed: the process ended
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait for the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def wait_exit(self, timeout: float) -> int:
+        rc = self.proc.wait(timeout)
+        self._reader.join(5)
+        return rc
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """``ragserve ARGS`` to completion (for commands expected to fail fast)."""
+    return subprocess.run([sys.executable, "-m", "ragserve", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
