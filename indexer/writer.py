@@ -218,6 +218,30 @@ class _Ingest:
 # ---------------------------------------------------------------------------------------------
 # Building
 
+class _Progress:
+    """Indexing progress: in input bytes when the reader knows the total (so the bar has an ETA), else in docs."""
+
+    def __init__(self, enabled: bool, read_stats) -> None:
+        self.stats = read_stats if read_stats is not None and getattr(read_stats, "bytes_total", 0) else None
+        self.n_docs = 0
+        if self.stats is not None:
+            self.bar = tqdm(desc="indexing", total=self.stats.bytes_total, unit="B", unit_scale=True,
+                            disable=not enabled, mininterval=0.5)
+        else:
+            self.bar = tqdm(desc="indexing", unit=" docs", disable=not enabled, mininterval=0.5)
+
+    def docs(self, n: int) -> None:
+        self.n_docs += n
+        if self.stats is None:
+            self.bar.update(n)
+        else:
+            self.bar.update(self.stats.bytes_read - self.bar.n)
+            self.bar.set_postfix_str(f"{self.n_docs:,} docs", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def _iter_batches(docs: Iterable, size: int) -> Iterator[list]:
     batch = []
     for d in docs:
@@ -236,8 +260,11 @@ def _effective_block_size(requested: int, max_tf: int) -> tuple[int, int]:
 
 
 def build_index_from_documents(documents: Iterable, out_dir: str | Path, options: BuildOptions | None = None,
-                               source: dict | None = None) -> dict:
-    """Index an iterable of objects with ``id``, ``title``, ``text`` into ``out_dir``; returns the manifest."""
+                               source: dict | None = None, read_stats=None) -> dict:
+    """Index an iterable of objects with ``id``, ``title``, ``text`` into ``out_dir``; returns the manifest.
+
+    ``read_stats`` (an ``indexer.readers.ReadStats``), when given, drives the progress bar in input bytes.
+    """
     opts = options or BuildOptions()
     bs = opts.block_size
     if bs <= 0 or bs & (bs - 1):
@@ -251,7 +278,7 @@ def build_index_from_documents(documents: Iterable, out_dir: str | Path, options
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        manifest = _build(documents, tmp, opts, source or {})
+        manifest = _build(documents, tmp, opts, source or {}, read_stats)
         if out.exists():
             trash = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(trash)
@@ -265,12 +292,12 @@ def build_index_from_documents(documents: Iterable, out_dir: str | Path, options
         raise
 
 
-def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict) -> dict:
+def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, read_stats=None) -> dict:
     t_start = time.time()
     analyzer = Analyzer(opts.analyzer)
     ing = _Ingest(tmp, opts)
     workers = opts.workers or os.cpu_count() or 1
-    bar = tqdm(desc="indexing", unit=" docs", disable=not opts.progress, mininterval=0.5)
+    bar = _Progress(opts.progress, read_stats)
 
     def prepared() -> Iterator[list[str]]:
         for batch in _iter_batches(documents, CHUNK_DOCS):
@@ -282,13 +309,13 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict) -> 
         with ctx.Pool(workers, initializer=_init_worker, initargs=(analyzer.config_dict(),)) as pool:
             for res in pool.imap(_analyse_chunk, prepared(), chunksize=1):
                 ing.add_chunk(res)
-                bar.update(res[3].size)
+                bar.docs(res[3].size)
     else:
         _init_worker(analyzer.config_dict())
         for texts in prepared():
             res = _analyse_chunk(texts)
             ing.add_chunk(res)
-            bar.update(res[3].size)
+            bar.docs(res[3].size)
     bar.close()
     ing.finish_streams()
     if ing.num_docs == 0:
@@ -454,6 +481,7 @@ def build_index(inputs: list[str | Path], out_dir: str | Path, options: BuildOpt
         yield from docs
         source.update(records=stats.records, documents=stats.documents, skipped=stats.skipped,
                       filtered=stats.filtered, invalid_utf8=stats.invalid_utf8, error_count=stats.error_count,
+                      truncated=list(stats.truncated),
                       errors=[f"{e.file}:{e.line}: {e.message}" for e in stats.errors[:100]])
 
-    return build_index_from_documents(counted(), out_dir, options, source)
+    return build_index_from_documents(counted(), out_dir, options, source, read_stats=stats)

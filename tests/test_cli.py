@@ -89,3 +89,17 @@ def test_index_skips_malformed_records_and_reports_them(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "indexed 2 documents (1 malformed records skipped)" in r.stdout
     assert "bad.jsonl" in r.stdout and ":2" in r.stdout
+
+
+def test_truncated_dump_indexes_what_was_read_and_warns(tmp_path):
+    data = shared("enwiki-xml-dump-sample", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2").read_bytes()
+    cut = tmp_path / "cut-pages-articles.xml.bz2"
+    cut.write_bytes(data[: len(data) // 2])
+    r = ragserve("index", str(cut), "--out", str(tmp_path / "o"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "ends early" in r.stderr
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["source"]["truncated"] == [str(cut)] and m["stats"]["num_docs"] > 100
+    r = ragserve("index", str(cut), "--out", str(tmp_path / "o2"), "--quiet", "--on-error", "fail")
+    assert r.returncode == 2 and "cut-pages-articles.xml.bz2" in r.stderr
+    assert not (tmp_path / "o2").exists()

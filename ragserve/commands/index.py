@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 
 from indexer.analyzer import AnalyzerConfig
 from indexer.layout import DEFAULT_BANK_BYTES, DEFAULT_BLOCK_SIZE
@@ -16,11 +16,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Compressed inputs (.gz, .bz2) are read as they are.")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="corpus files")
     p.add_argument("--out", required=True, help="index directory to create")
-    p.add_argument("--format", default="auto", help="input format (default: detect from name and content)")
+    from indexer.readers import FORMATS
+
+    p.add_argument("--format", default="auto", choices=["auto", *FORMATS],
+                   help="input format (default: detect from compression, name and content)")
     p.add_argument("--on-error", choices=["skip", "fail"], default="skip",
                    help="malformed records: count and skip them (default) or stop at the first")
     p.add_argument("--passage-words", type=int, default=100,
-                   help="split articles (MediaWiki XML, WikiExtractor) into passages of this many words; 0 keeps whole articles")
+                   help="split whole articles (MediaWiki XML, WikiExtractor, wikimedia/wikipedia Parquet) into "
+                        "passages of this many words (default 100, as DPR); 0 keeps whole articles")
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="docs per accumulator block (power of two)")
     p.add_argument("--bank-bytes", type=int, default=DEFAULT_BANK_BYTES, help="HBM bank capacity a shard must fit")
     p.add_argument("--k1", type=float, default=0.9, help="default BM25 k1 recorded in the index")
@@ -62,4 +66,9 @@ def run(args: argparse.Namespace) -> int:
           f"{lay['num_blocks']} block(s) of {lay['block_size']:,} docs, {manifest['build_seconds']:.1f} s")
     for err in src.get("errors", [])[:5]:
         print(f"  skipped: {err}")
+    if src.get("error_count", 0) > 5:
+        print(f"  ... {src['error_count'] - 5} more (all counted in {args.out}/manifest.json)")
+    for path in src.get("truncated", []):
+        print(f"warning: {path} ends early (truncated or corrupt compressed data); documents before the cut "
+              f"were indexed", file=sys.stderr)
     return 0
