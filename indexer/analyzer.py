@@ -41,6 +41,17 @@ _POSSESSIVE_SUFFIXES = ("'s", "\u2019s", "\uff07s")
 MAX_TOKEN_LENGTH = 255
 
 
+def java_lower(s: str) -> str:
+    """Lower case as Lucene's LowerCaseFilter does it: code point by code point (Java Character.toLowerCase).
+
+    str.lower() applies the full Unicode mapping, which differs in two places: capital I with dot becomes
+    "i" + combining dot (Java: "i"), and a word-final capital sigma becomes the final form (Java: always "σ").
+    """
+    if "\u0130" in s or "\u03a3" in s:
+        s = s.replace("\u0130", "i").replace("\u03a3", "\u03c3")
+    return s.lower()
+
+
 @dataclass(frozen=True)
 class AnalyzerConfig:
     name: str = "lucene-english"
@@ -88,7 +99,7 @@ class Analyzer:
         if token.endswith(_POSSESSIVE_SUFFIXES) or token.endswith(("'S", "\u2019S", "\uff07S")):
             token = token[:-2]
         if self.config.lowercase:
-            token = token.lower()
+            token = java_lower(token)
         if not token.strip("_") or token in self._stop:
             return ""  # a stopword, or an all-underscore segment (Lucene emits no token for those)
         # Lucene's PorterStemmer leaves words of one or two letters alone; Snowball's does not.
@@ -101,7 +112,7 @@ class Analyzer:
         # Lower-casing first is equivalent (segmentation ignores case, the possessive filter takes 's
         # and 'S) and lets case variants share cache entries.
         if self.config.lowercase:
-            text = text.lower()
+            text = java_lower(text)
             pattern = _TOKEN if _NOT_LATIN1.search(text) else _TOKEN_LATIN1
         else:
             pattern = _TOKEN

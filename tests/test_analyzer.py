@@ -37,3 +37,9 @@ def test_analyzer_uses_lucene_porter():
 
 def test_short_words_are_not_stemmed():
     assert [PorterStemmer().stem(w) for w in ("as", "is", "ys")] == ["as", "is", "ys"]
+
+
+def test_lower_case_is_javas_per_code_point():
+    # Lucene's LowerCaseFilter: capital I with dot -> "i" and capital sigma -> "σ" even at the end of a word,
+    # where str.lower() gives "i" + combining dot and the final form "ς".
+    assert Analyzer().analyze("İstanbul ΟΔΟΣ σίσυφος") == ["istanbul", "οδοσ", "σίσυφος"]
