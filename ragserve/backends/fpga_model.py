@@ -1,0 +1,146 @@
+"""Performance model of the ``bm25_topk`` kernel (``hls_bm25/bm25_topk.cpp``). Every figure it gives is MODELLED.
+
+Two halves:
+- ``predict_counts``: what the kernel does for each query on each shard (loop trip counts, words read), computed
+  from the index's block tables and posting lists alone, without running the kernel. The C simulation exports
+  the same counters (``out_stats``); tests assert both agree exactly, so the model describes the code as written.
+- ``kernel_cycles`` / ``launch_seconds``: cycles per dataflow stage from those counts, with the initiation
+  intervals and burst widths of the source and the latencies of ``KernelParams`` (assumptions, listed there),
+  and the time of a launch: one CU per shard running in parallel, several queries per launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from indexer.reader import IndexReader
+from ragserve.backends.fpga_host import CACHE_SIZE, NUM_STATS, STAT_NAMES
+from ragserve.bm25 import QueryTerms
+
+S = {name: i for i, name in enumerate(STAT_NAMES)}
+POSTINGS_PER_WORD = 16
+NORMS_PER_WORD = 64
+# Counters the model predicts exactly; "inserts" depends on the order scores arrive in and costs no cycle of its own.
+PREDICTED = tuple(n for n in STAT_NAMES if n != "inserts")
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    """Assumptions of the timing model (not synthesis results: no Vitis tools here)."""
+
+    clock_hz: float = 300e6  # target kernel clock (--hls.clock in the Makefile)
+    bank_bytes_per_s: float = 460e9 / 32  # one U55C HBM2 pseudo-channel: 460 GB/s over 32
+    word_bytes: int = 64  # 512-bit m_axi beat
+    mem_latency: int = 48  # cycles for a dependent HBM read (about 160 ns at 300 MHz)
+    depth_read: int = 4  # posting-burst loop pipeline depth after the first beat
+    depth_score: int = 40  # f32 mul + add + div + sub, norm and cache lookups
+    depth_acc: int = 12  # f64 add and URAM read/write
+    depth_flush: int = 4
+    depth_topk: int = 4
+    loop_overhead: int = 3  # cycles to enter/leave a non-pipelined loop iteration (block walk)
+    launch_overhead_s: float = 20e-6  # XRT run start, query upload and result read-back per launch (assumed)
+
+    @property
+    def words_per_cycle(self) -> float:
+        """512-bit beats a bank delivers per kernel cycle (< 1: a wide burst is bank-bound at 300 MHz)."""
+        return min(1.0, self.bank_bytes_per_s / self.clock_hz / self.word_bytes)
+
+
+def _shard_counts(index: IndexReader, sh, q: QueryTerms, k: int, block_bits: int) -> np.ndarray:
+    c = np.zeros(NUM_STATS, dtype=np.int64)
+    t_ids = q.term_ids.astype(np.int64)
+    nterms = t_ids.size
+    nblocks = sh.block_end - sh.block_start
+    c[S["terms"]] = nterms
+    c[S["block_loop"]] = nblocks
+    c[S["scan"]] = nblocks * nterms
+    if nterms == 0:
+        return c
+    e0 = np.asarray(sh.term_ptr[t_ids], dtype=np.int64)
+    e1 = np.asarray(sh.term_ptr[t_ids + 1], dtype=np.int64)
+    n_ent = e1 - e0
+    c[S["table_reads"]] = 2 * nterms + 2 * int(np.count_nonzero(n_ent))
+    if not n_ent.any():
+        return c
+    ent = np.concatenate([np.arange(a, b) for a, b in zip(e0, e1) if b > a])
+    s0 = np.asarray(sh.blk_start[ent], dtype=np.int64)
+    s1 = np.asarray(sh.blk_start[ent + 1], dtype=np.int64)
+    blocks = np.unique(np.asarray(sh.blk_id[ent], dtype=np.int64))
+    first_doc = blocks << block_bits
+    block_docs = np.minimum(sh.doc_end - first_doc, 1 << block_bits)
+    c[S["blocks"]] = blocks.size
+    c[S["norm_words"]] = int(((block_docs + NORMS_PER_WORD - 1) // NORMS_PER_WORD).sum())
+    c[S["entries"]] = ent.size
+    c[S["entry_reads"]] = ent.size + int((n_ent[n_ent > 0] - 1).sum())
+    c[S["posting_words"]] = int(((s1 - 1) // POSTINGS_PER_WORD - s0 // POSTINGS_PER_WORD + 1)[s1 > s0].sum())
+    npost = int((s1 - s0).sum())
+    c[S["postings"]] = c[S["scored"]] = c[S["accumulated"]] = npost
+    # Docs with at least one query term: postings of one term never repeat a doc, so count distinct docids.
+    docs = []
+    for e, a, b in zip(ent.tolist(), s0.tolist(), s1.tolist()):
+        p = np.asarray(sh.postings[a:b], dtype=np.int64)
+        docs.append((int(sh.blk_id[e]) << block_bits) + (p >> index.tf_bits))
+    ncand = int(np.unique(np.concatenate(docs)).size)
+    c[S["candidates"]] = ncand
+    c[S["results"]] = min(k, ncand)
+    return c
+
+
+def predict_counts(index: IndexReader, queries: list[QueryTerms], k: int) -> np.ndarray:
+    """Kernel counters per query and shard, ``[n_queries, n_shards, NUM_STATS]``; ``inserts`` is left 0."""
+    block_bits = index.block_size.bit_length() - 1
+    out = np.zeros((len(queries), len(index.shards), NUM_STATS), dtype=np.int64)
+    for j, sh in enumerate(index.shards):
+        for i, q in enumerate(queries):
+            out[i, j] = _shard_counts(index, sh, q, k, block_bits)
+    return out
+
+
+def stage_cycles(counts: np.ndarray, p: KernelParams = KernelParams()) -> dict[str, np.ndarray]:
+    """Cycles of each dataflow process for the given counters (any leading shape, last axis NUM_STATS)."""
+    c = {name: counts[..., i].astype(np.float64) for i, name in enumerate(STAT_NAMES)}
+    L = p.mem_latency
+    bank_bound = 1.0 / p.words_per_cycle
+    active = (c["terms"] > 0).astype(np.float64)
+    reader = (active * (L + 2 * L)  # q_off, then the dependent term_ptr -> blk_id/blk_start reads
+              + 4 * c["terms"]  # term setup: 4 table reads per term on one port, II=4
+              + p.loop_overhead * c["block_loop"] + c["scan"]  # block walk, on-chip term scan at II=1
+              + c["blocks"] * L + c["norm_words"] * bank_bound  # norm bursts
+              # per entry: blk_start[e+1] and blk_id[e+1] reads, first-beat latency, then one posting per cycle
+              + c["entries"] * (3 * L + p.depth_read) + c["postings"])
+    scorer = c["norm_words"] + c["blocks"] * p.depth_read + c["entries"] * p.depth_score + c["scored"]
+    accumulator = (c["entries"] * p.depth_acc + c["accumulated"]
+                   + c["blocks"] * p.depth_flush + c["candidates"])
+    topk = c["candidates"] + active * p.depth_topk + c["results"]
+    writer = c["results"] + NUM_STATS
+    return {"reader": reader, "scorer": scorer, "accumulator": accumulator, "topk": topk, "writer": writer}
+
+
+def kernel_cycles(counts: np.ndarray, p: KernelParams = KernelParams()) -> tuple[np.ndarray, np.ndarray]:
+    """(estimate, serial bound) per query and shard. The processes run concurrently, decoupled by FIFOs, so the
+    estimate is the slowest process plus the pipeline fill; the bound assumes no overlap at all."""
+    st = stage_cycles(counts, p)
+    fill = p.depth_read + p.depth_score + p.depth_acc + p.depth_flush + p.depth_topk
+    estimate = np.maximum.reduce(list(st.values())) + fill
+    serial = sum(st.values())
+    return estimate, serial
+
+
+def launch_seconds(per_query_cycles: np.ndarray, batch: int, p: KernelParams = KernelParams()) -> np.ndarray:
+    """Seconds of each launch: queries ``[n, n_shards]`` in launches of ``batch``; all CUs (one per shard) run at
+    once, so a launch lasts as long as its slowest CU, plus the fixed launch overhead and the cache load."""
+    n = per_query_cycles.shape[0]
+    out = []
+    for first in range(0, n, batch):
+        cu = per_query_cycles[first:first + batch].sum(axis=0) + CACHE_SIZE
+        out.append(p.launch_overhead_s + float(cu.max()) / p.clock_hz)
+    return np.asarray(out)
+
+
+def hbm_bytes(counts: np.ndarray, k: int, p: KernelParams = KernelParams()) -> np.ndarray:
+    """Bytes each query moves through its shard's bank (reads and the result write-back)."""
+    c = {name: counts[..., i].astype(np.float64) for i, name in enumerate(STAT_NAMES)}
+    words = (c["posting_words"] + c["norm_words"]) * p.word_bytes
+    narrow = 4 * (c["table_reads"] + c["entry_reads"] + 2 * c["terms"] + 2)
+    return words + narrow + 8 * c["results"] + 4 * NUM_STATS
