@@ -1,0 +1,174 @@
+"""``ragserve eval``: run a RAG method over a QA dataset (one JSON line per question, resumable, summary
+table), and ``ragserve eval build-index``: a closed-corpus index from a dataset's own paragraphs."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ragserve.cli import CliError
+
+FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
+METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")
+
+
+def _family(fmt: str) -> str:
+    return "hotpotqa" if fmt.startswith("hotpotqa") else fmt
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval", help="evaluate a RAG method on a QA dataset (or: eval build-index)",
+        description="Answer each question of a dataset with a RAG method over a BM25 index, writing one JSON "
+                    "line per question to --out as it goes (rerunning resumes after the ids already there), "
+                    "then print EM/F1/precision/recall, supporting-passage recall, retrievals and tokens per "
+                    "question and the time share of each memory-pipeline stage. "
+                    "'ragserve eval build-index' indexes a dataset's own paragraphs (closed corpus).")
+    p.add_argument("--dataset", metavar="FILE", help="dataset file in its native format")
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help="dataset format (default: detect)")
+    p.add_argument("--method", choices=METHOD_CHOICES, help="RAG method")
+    p.add_argument("--model", metavar="PATH", help="causal LM: local directory or cached hub id")
+    p.add_argument("--index", metavar="DIR", help="BM25 index (needed by every method but 'none')")
+    p.add_argument("--backend", default="cpu", help="retrieval backend: cpu (default), gpu or auto")
+    p.add_argument("--device", default="auto", help="generator device: auto, cpu, cuda, cuda:0 ...")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--limit", type=int, help="first N questions only")
+    p.add_argument("--out", metavar="JSONL", help="per-question results (appended; resumes)")
+    p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no per-question progress lines")
+    g = p.add_argument_group("prompt and generation")
+    g.add_argument("--prompt-file", metavar="FILE", help="few-shot exemplars (default: ragserve/prompts/ by dataset)")
+    g.add_argument("--fewshot", type=int, help="use only the first N exemplars")
+    g.add_argument("--passage-words", type=int, default=150, help="words of each passage in the prompt")
+    g.add_argument("--max-new-tokens", type=int,
+                   help="answer token budget (default: DRAGIN's per dataset: 100, 2wiki 64, iirc 128)")
+    g.add_argument("--answer-max-tokens", type=int, default=24, help="tokens when asking for a missing answer")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    r = p.add_argument_group("retrieval")
+    r.add_argument("-k", "--k", dest="k", type=int, default=3, help="passages per retrieval (default 3)")
+    r.add_argument("--query-max-tokens", type=int, default=64, help="query length budget in model tokens")
+    r.add_argument("--reranker", metavar="PATH", help="cross-encoder: rerank BM25 top-N (two-stage; any method)")
+    r.add_argument("--rerank-depth", type=int, default=100, help="BM25 candidates for the reranker (default 100)")
+    r.add_argument("--reranker-device", default="auto")
+    m = p.add_argument_group("method hyperparameters")
+    m.add_argument("--interval", type=int, default=32, help="fixed-length: tokens between retrievals")
+    m.add_argument("--sentence-max-tokens", type=int, default=64, help="fixed-sentence: longest sentence")
+    m.add_argument("--theta", type=float, default=0.8, help="flare: retrieve if a token prob < theta")
+    m.add_argument("--beta", type=float, default=0.4, help="flare: mask query tokens with prob < beta")
+    m.add_argument("--look-ahead", type=int, default=64, help="flare: look-ahead sentence token cap")
+    m.add_argument("--threshold", type=float, help="dragin: RIND threshold (default: DRAGIN's per dataset)")
+    m.add_argument("--keep", type=int, help="dragin: QFS query words (default: DRAGIN's per dataset)")
+    p.set_defaults(func=run)
+
+    sub = p.add_subparsers(dest="eval_action", metavar="ACTION")
+    b = sub.add_parser("build-index", help="index a dataset's own paragraphs (closed corpus)",
+                       description="Write the distinct context paragraphs of a dataset to a JSONL corpus "
+                                   "(BEIR fields _id/title/text) and build a BM25 index of it.")
+    b.add_argument("--dataset", metavar="FILE", required=True)
+    b.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    b.add_argument("--out", metavar="DIR", required=True, help="index directory to create")
+    b.add_argument("--corpus", metavar="JSONL", help="corpus file to write (default: <DIR>.corpus.jsonl)")
+    b.add_argument("--limit", type=int, help="paragraphs of the first N questions only")
+    b.add_argument("--overwrite", action="store_true")
+    b.add_argument("--workers", type=int, default=0, help="analysis processes (0: one per core)")
+    b.set_defaults(func=run_build_index)
+
+
+def _read(args: argparse.Namespace):
+    from ragserve.rag.datasets import DatasetError, read_dataset, sniff_format
+
+    try:
+        fmt = sniff_format(args.dataset) if args.format == "auto" and Path(args.dataset).is_file() else args.format
+        return fmt, read_dataset(args.dataset, fmt, args.limit)
+    except (DatasetError, OSError) as e:
+        raise CliError(str(e)) from e
+
+
+def run_build_index(args: argparse.Namespace) -> int:
+    from indexer.writer import BuildError
+    from ragserve.rag.corpus import build_dataset_index
+    from ragserve.rag.datasets import DatasetError
+
+    fmt, examples = _read(args)
+    try:
+        manifest = build_dataset_index(examples, args.out, args.corpus, overwrite=args.overwrite,
+                                       workers=args.workers, progress=sys.stderr.isatty())
+    except (BuildError, DatasetError, OSError) as e:
+        raise CliError(str(e)) from e
+    st = manifest["stats"]
+    print(f"indexed {st['num_docs']} paragraphs of {len(examples)} {fmt} questions into {args.out}")
+    return 0
+
+
+def _retriever(args: argparse.Namespace):
+    from indexer.reader import InvalidIndexError
+    from ragserve.rag.generator import GeneratorError
+    from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
+    from ragserve.searcher import SearchError, Searcher
+
+    try:
+        searcher = Searcher(args.index, backend=args.backend)
+        if not args.reranker:
+            return searcher
+        return RerankingSearcher(searcher, CrossEncoder(args.reranker, device=args.reranker_device),
+                                 depth=args.rerank_depth)
+    except (InvalidIndexError, SearchError, GeneratorError, RuntimeError) as e:
+        raise CliError(str(e)) from e
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragserve.rag.base import MethodError
+    from ragserve.rag.dragin import PUBLISHED
+    from ragserve.rag.evaluate import EvalError, evaluate, format_summary, summarize
+    from ragserve.rag.generator import Generator, GeneratorError
+    from ragserve.rag.methods import build_method
+    from ragserve.rag.prompts import DEFAULT_EXEMPLARS, PromptBuilder, PromptError, load_exemplars
+
+    missing = [f"--{n}" for n in ("dataset", "method", "model", "out") if not getattr(args, n)]
+    if missing:
+        raise CliError(f"missing {', '.join(missing)} (or use 'ragserve eval build-index')")
+    if args.method != "none" and not args.index:
+        raise CliError(f"method {args.method!r} needs --index")
+    if args.limit is not None and args.limit < 0:
+        raise CliError("--limit must be >= 0")
+    fmt, examples = _read(args)
+    published = PUBLISHED.get(_family(fmt), PUBLISHED["hotpotqa"])
+    try:
+        prompts = PromptBuilder(load_exemplars(args.prompt_file or DEFAULT_EXEMPLARS[fmt]),
+                                yes_no=fmt == "strategyqa", fewshot=args.fewshot, passage_words=args.passage_words)
+        retriever = _retriever(args) if args.method != "none" else None
+        generator = Generator(args.model, device=args.device, temperature=args.temperature, threads=args.threads)
+        method = build_method(
+            args.method, generator, prompts, retriever, k=args.k,
+            max_new_tokens=args.max_new_tokens or published["max_new_tokens"], query_max_tokens=args.query_max_tokens,
+            answer_max_tokens=args.answer_max_tokens, interval=args.interval,
+            sentence_max_tokens=args.sentence_max_tokens, theta=args.theta, beta=args.beta,
+            look_ahead=args.look_ahead, threshold=args.threshold if args.threshold is not None else published["threshold"],
+            keep=args.keep or published["keep"])
+    except (PromptError, GeneratorError, MethodError) as e:
+        raise CliError(str(e)) from e
+
+    run_info = {"method": args.method, "dataset": Path(args.dataset).name}
+    total = len(examples)
+
+    def progress(row: dict, resumed: bool) -> None:
+        if not args.quiet:
+            progress.n += 1
+            tag = " (resumed)" if resumed else f" {row['seconds']:.2f}s"
+            print(f"[{progress.n}/{total}] {row['id']} em={row['em']:.0f} f1={row['f1']:.2f} "
+                  f"retrievals={row['retrievals']} tokens={row['tokens']}{tag}", file=sys.stderr, flush=True)
+    progress.n = 0
+
+    try:
+        rows = evaluate(examples, method, args.out, run_info, progress)
+    except EvalError as e:
+        raise CliError(str(e)) from e
+    summary = summarize(rows)
+    print(format_summary(args.method, summary))
+    if args.summary_json:
+        with open(args.summary_json, "w", encoding="utf-8") as f:
+            searcher = getattr(retriever, "searcher", retriever)  # the BM25 stage under a reranker
+            json.dump({**run_info, "format": fmt, "backend": getattr(searcher, "backend_name", None),
+                       "reranker": args.reranker, "model": args.model, **summary}, f, indent=2)
+    return 0

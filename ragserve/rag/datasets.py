@@ -1,0 +1,235 @@
+"""Question-answering datasets in their native formats, read into one ``Example`` shape.
+
+Formats: ``hotpotqa`` (original JSON), ``hotpotqa-ircot`` (IRCoT's processed JSONL), ``2wiki``
+(2WikiMultihopQA JSON, aliases from ``id_aliases.json`` beside it), ``strategyqa`` (JSON, yes/no), ``iirc``
+(IIRC JSON, unanswerable questions skipped), ``nq-open`` (DPR TSV: question, python-list of answers) and
+``musique`` (JSONL, unanswerable questions skipped).
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+FORMATS = ("hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be read as the stated format."""
+
+
+@dataclass
+class Paragraph:
+    title: str
+    text: str
+
+
+@dataclass
+class Example:
+    id: str
+    question: str
+    answers: list[str]  # gold answer first, then aliases
+    supporting: list[str] = field(default_factory=list)  # titles of the supporting passages
+    paragraphs: list[Paragraph] = field(default_factory=list)  # the question's own context passages
+    yes_no: bool = False
+
+
+def _load_json(path: Path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}: not valid JSON ({e})") from e
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield n, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DatasetError(f"{path}:{n}: not valid JSON ({e})") from e
+
+
+def _need(rec: dict, keys: tuple[str, ...], where: str) -> None:
+    missing = [k for k in keys if k not in rec]
+    if missing:
+        raise DatasetError(f"{where}: missing field(s) {', '.join(missing)}")
+
+
+def _unique(items) -> list[str]:
+    out = []
+    for x in items:
+        x = str(x).strip()
+        if x and x not in out:
+            out.append(x)
+    return out
+
+
+def _array(path: Path, what: str) -> list:
+    data = _load_json(path)
+    if not isinstance(data, list):
+        raise DatasetError(f"{path}: expected a JSON array of {what}")
+    return data
+
+
+def _read_hotpotqa(path: Path) -> Iterator[Example]:
+    for i, r in enumerate(_array(path, "questions")):
+        _need(r, ("_id", "question", "answer", "context"), f"{path}[{i}]")
+        paras = [Paragraph(t, "".join(sents)) for t, sents in r["context"]]
+        yield Example(str(r["_id"]), r["question"], [str(r["answer"])],
+                      _unique(t for t, _ in r.get("supporting_facts", [])), paras)
+
+
+def _read_hotpotqa_ircot(path: Path) -> Iterator[Example]:
+    for n, r in _jsonl(path):
+        _need(r, ("question_id", "question_text", "answers_objects", "contexts"), f"{path}:{n}")
+        answers = _unique(s for obj in r["answers_objects"] for s in obj.get("spans", []))
+        paras = [Paragraph(c["title"], c["paragraph_text"]) for c in r["contexts"]]
+        yield Example(str(r["question_id"]), r["question_text"], answers,
+                      _unique(c["title"] for c in r["contexts"] if c.get("is_supporting")), paras)
+
+
+def _read_2wiki(path: Path) -> Iterator[Example]:
+    aliases: dict[str, list[str]] = {}
+    alias_file = path.parent / "id_aliases.json"
+    if alias_file.exists():
+        for _, rec in _jsonl(alias_file):
+            aliases[rec["Q_id"]] = list(rec.get("aliases", [])) + list(rec.get("demonyms", []))
+    for i, r in enumerate(_array(path, "questions")):
+        _need(r, ("_id", "question", "answer", "context"), f"{path}[{i}]")
+        extra = aliases.get(r.get("answer_id") or "", [])
+        paras = [Paragraph(t, " ".join(s.strip() for s in sents)) for t, sents in r["context"]]
+        yield Example(str(r["_id"]), r["question"], _unique([r["answer"], *extra]),
+                      _unique(t for t, _ in r.get("supporting_facts", [])), paras)
+
+
+def _read_strategyqa(path: Path) -> Iterator[Example]:
+    for i, r in enumerate(_array(path, "questions")):
+        _need(r, ("qid", "question", "answer"), f"{path}[{i}]")
+        if not isinstance(r["answer"], bool):
+            raise DatasetError(f"{path}[{i}]: answer must be true or false")
+        yield Example(str(r["qid"]), r["question"], ["yes" if r["answer"] else "no"], yes_no=True)
+
+
+def _iirc_answers(ans: dict) -> list[str]:
+    kind = ans.get("type")
+    if kind in ("value", "binary"):
+        value = str(ans.get("answer_value", "")).strip()
+        unit = str(ans.get("answer_unit") or "").strip()
+        return _unique([value, f"{value} {unit}" if unit else ""])
+    if kind == "span":
+        return _unique(s["text"] for s in ans.get("answer_spans", []))
+    return []
+
+
+def _read_iirc(path: Path) -> Iterator[Example]:
+    for i, passage in enumerate(_array(path, "passages")):
+        _need(passage, ("title", "questions"), f"{path}[{i}]")
+        main = passage["title"]
+        for q in passage["questions"]:
+            _need(q, ("qid", "question", "answer"), f"{path}[{i}] question")
+            answers = _iirc_answers(q["answer"])
+            if not answers:  # "none": unanswerable from the linked articles
+                continue
+            ctx = q.get("context", [])
+            titles = [main if c["passage"] == "main" else c["passage"] for c in ctx]
+            paras = [Paragraph(t, c["text"]) for t, c in zip(titles, ctx)]
+            if passage.get("text"):
+                paras.insert(0, Paragraph(main, passage["text"]))
+            yield Example(str(q["qid"]), q["question"], answers, _unique(titles), paras,
+                          yes_no=q["answer"].get("type") == "binary")
+
+
+def _read_nq_open(path: Path) -> Iterator[Example]:
+    with open(path, encoding="utf-8", newline="") as f:
+        for n, row in enumerate(csv.reader(f, delimiter="\t"), 1):
+            if not row:
+                continue
+            if len(row) != 2:
+                raise DatasetError(f"{path}:{n}: expected 'question<TAB>[answers]'")
+            try:
+                answers = ast.literal_eval(row[1])
+            except (ValueError, SyntaxError) as e:
+                raise DatasetError(f"{path}:{n}: answers are not a python list literal") from e
+            if not isinstance(answers, list) or not answers:
+                raise DatasetError(f"{path}:{n}: answers must be a non-empty list")
+            yield Example(f"{path.stem}-{n - 1}", row[0], _unique(answers))
+
+
+def _read_musique(path: Path) -> Iterator[Example]:
+    for n, r in _jsonl(path):
+        _need(r, ("id", "question", "answer", "paragraphs"), f"{path}:{n}")
+        if r.get("answerable") is False:
+            continue
+        paras = [Paragraph(p["title"], p["paragraph_text"]) for p in r["paragraphs"]]
+        yield Example(str(r["id"]), r["question"], _unique([r["answer"], *r.get("answer_aliases", [])]),
+                      _unique(p["title"] for p in r["paragraphs"] if p.get("is_supporting")), paras)
+
+
+_READERS: dict[str, Callable[[Path], Iterator[Example]]] = {
+    "hotpotqa": _read_hotpotqa, "hotpotqa-ircot": _read_hotpotqa_ircot, "2wiki": _read_2wiki,
+    "strategyqa": _read_strategyqa, "iirc": _read_iirc, "nq-open": _read_nq_open, "musique": _read_musique,
+}
+
+
+def sniff_format(path: str | Path) -> str:
+    """Guess the format from the file's first record."""
+    p = Path(path)
+    with open(p, encoding="utf-8") as f:
+        head = f.read(65536)
+    first = head.lstrip()[:1]
+    if first == "{":
+        line = head.lstrip().split("\n", 1)[0]
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{p}: cannot tell the format (first line is not a JSON object)") from e
+        if "question_text" in rec:
+            return "hotpotqa-ircot"
+        if "paragraphs" in rec:
+            return "musique"
+    elif first == "[":
+        data = _load_json(p)
+        rec = data[0] if data else {}
+        if "questions" in rec:
+            return "iirc"
+        if "qid" in rec and "facts" in rec or isinstance(rec.get("answer"), bool):
+            return "strategyqa"
+        if "evidences" in rec or rec.get("type") in ("compositional", "inference", "bridge_comparison"):
+            return "2wiki"
+        if "supporting_facts" in rec:
+            return "hotpotqa"
+    elif "\t" in head.split("\n", 1)[0]:
+        return "nq-open"
+    raise DatasetError(f"{p}: cannot tell the dataset format; pass --format ({', '.join(FORMATS)})")
+
+
+def read_dataset(path: str | Path, fmt: str = "auto", limit: int | None = None) -> list[Example]:
+    """Examples of a dataset file in file order (the first ``limit`` of them)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetError(f"dataset file {p} not found")
+    if fmt == "auto":
+        fmt = sniff_format(p)
+    if fmt not in _READERS:
+        raise DatasetError(f"unknown dataset format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if limit is not None and limit < 0:
+        raise DatasetError("limit must be >= 0")
+    out = []
+    try:
+        for ex in _READERS[fmt](p):
+            if limit is not None and len(out) >= limit:
+                break
+            if not ex.question.strip() or not ex.answers:
+                raise DatasetError(f"{p}: question {ex.id!r} has no text or no answer")
+            out.append(ex)
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, DatasetError):
+            raise
+        raise DatasetError(f"{p}: not a {fmt} file ({type(e).__name__}: {e})") from e
+    return out

@@ -1,0 +1,205 @@
+"""A causal LM behind one small interface: greedy generation with per-token log-probabilities and entropies,
+stopping at a line or sentence end, and last-layer attention maps for DRAGIN.
+
+Any ``AutoModelForCausalLM`` checkpoint loads (a local directory or a hub id already in the local cache):
+bf16 on a GPU, fp32 on the CPU. Attention maps need eager attention, so the model is switched to eager only
+for those forward passes and back afterwards.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ragserve.rag.text import sentence_ends
+
+
+class GeneratorError(ValueError):
+    """The model cannot be loaded or used as asked."""
+
+
+STOP_MODES = ("line", "sentence")
+
+
+@dataclass
+class Generation:
+    text: str  # the continuation, cut at the stop point
+    token_ids: list[int]  # tokens kept (each starts before the cut)
+    spans: list[tuple[int, int]]  # character span of each kept token in ``text``
+    logprobs: np.ndarray  # log-probability of each kept token
+    entropies: np.ndarray  # entropy (nats) of the distribution each kept token was chosen from
+    tokens_generated: int  # every token decoded, including any cut off after the stop point
+    prompt_tokens: int
+    stop: str  # eos | newline | sentence | length
+
+    @property
+    def probs(self) -> np.ndarray:
+        return np.exp(self.logprobs)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise GeneratorError(f"device {device!r} requested but CUDA is not available")
+    return device
+
+
+def _spans_from_lengths(lengths: list[int], total: int) -> list[tuple[int, int]]:
+    """Token spans from the decoded length after each token (kept monotone: partial UTF-8 bytes can decode
+    to a replacement character that the next token then completes)."""
+    spans, prev = [], 0
+    for n in lengths:
+        end = min(max(n, prev), total)
+        spans.append((prev, end))
+        prev = end
+    return spans
+
+
+def stop_point(text: str, mode: str) -> tuple[int, str] | None:
+    """Where generated ``text`` should be cut, and why: at the first newline after some text, or (mode
+    ``sentence``) also just after the first sentence end."""
+    body = len(text) - len(text.lstrip())
+    if body == len(text):
+        return None
+    cuts = []
+    nl = text.find("\n", body)
+    if nl >= 0:
+        cuts.append((nl, "newline"))
+    if mode == "sentence":
+        ends = [e for e in sentence_ends(text) if e > body]
+        if ends:
+            cuts.append((ends[0], "sentence"))
+    return min(cuts) if cuts else None
+
+
+class Generator:
+    def __init__(self, model: str, device: str = "auto", dtype: str = "auto", temperature: float = 0.0,
+                 seed: int = 0, threads: int = 0) -> None:
+        """``threads`` > 0 sets torch's (process-wide) CPU thread count: one thread is fastest for small
+        models on a shared machine, where spinning threads compete for cores."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise GeneratorError(f"unknown dtype {dtype!r}")
+        if temperature < 0:
+            raise GeneratorError("temperature must be >= 0 (0 = greedy)")
+        self.device = resolve_device(device)
+        if threads < 0:
+            raise GeneratorError("threads must be >= 0")
+        if threads:
+            torch.set_num_threads(threads)
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        self.dtype = getattr(torch, dtype)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model)
+            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
+        except (OSError, ValueError) as e:
+            raise GeneratorError(f"cannot load a causal LM from {model!r}: {e}") from e
+        self.model.to(self.device).eval()
+        self.name = model
+        self.temperature = temperature
+        self._rng = torch.Generator(device=self.device).manual_seed(seed)
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
+        eos = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        self.eos_ids = {int(e) for e in eos if e is not None}
+        self.bos_id = self.tokenizer.bos_token_id
+
+    # -- tokens -----------------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        """The first ``max_tokens`` tokens of ``text``."""
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) <= max_tokens:
+            return text
+        return self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=True).strip()
+
+    def encode(self, text: str) -> tuple[list[int], str, list[tuple[int, int]]]:
+        """Token ids of ``text`` (with the model's special prefix), the decoded text and each token's span
+        in it. Spans come from decoding prefixes, which works for every tokenizer kind."""
+        ids = self.tokenizer(text).input_ids
+        lengths = [len(self.tokenizer.decode(ids[:i + 1], skip_special_tokens=True)) for i in range(len(ids))]
+        decoded = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return ids, decoded, _spans_from_lengths(lengths, len(decoded))
+
+    def _fit(self, ids: list[int], room: int) -> list[int]:
+        """Drop the oldest tokens (keeping a leading BOS) so ``room`` more positions fit the model."""
+        if self.max_positions is None or len(ids) + room <= self.max_positions:
+            return ids
+        keep = self.max_positions - room
+        if keep < 1:
+            raise GeneratorError(f"max_new_tokens={room} does not fit the model's {self.max_positions} positions")
+        head = ids[:1] if self.bos_id is not None and ids and ids[0] == self.bos_id else []
+        return head + ids[len(ids) - keep + len(head):]
+
+    # -- generation -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompt: str, max_new_tokens: int, stop: str = "line") -> Generation:
+        """Decode after ``prompt`` until EOS, ``max_new_tokens`` or the stop point of ``stop`` mode."""
+        if stop not in STOP_MODES:
+            raise GeneratorError(f"stop must be one of {STOP_MODES}")
+        if max_new_tokens < 1:
+            raise GeneratorError("max_new_tokens must be >= 1")
+        ids = self._fit(self.tokenizer(prompt).input_ids, max_new_tokens)
+        out = self.model(torch.tensor([ids], device=self.device), use_cache=True)
+        past = out.past_key_values
+        new: list[int] = []
+        logps, ents, lengths = [], [], []
+        reason, cut, text = "length", None, ""
+        for step in range(max_new_tokens):
+            logits = out.logits[0, -1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            if self.temperature > 0:
+                probs = torch.softmax(logits / self.temperature, dim=-1)
+                tok = int(torch.multinomial(probs, 1, generator=self._rng))
+            else:
+                tok = int(torch.argmax(logp))
+            if tok in self.eos_ids:
+                reason = "eos"
+                break
+            new.append(tok)
+            logps.append(logp[tok])
+            ents.append(-(logp.exp() * logp).nansum())
+            text = self.tokenizer.decode(new, skip_special_tokens=True)
+            lengths.append(len(text))
+            hit = stop_point(text, stop)
+            if hit is not None:
+                cut, reason = hit
+                break
+            if step + 1 < max_new_tokens:
+                out = self.model(torch.tensor([[tok]], device=self.device), past_key_values=past, use_cache=True)
+                past = out.past_key_values
+        generated = len(new)
+        if cut is not None:
+            text = text[:cut]
+            starts = [0] + lengths[:-1]
+            n_keep = sum(1 for s in starts if s < cut)
+        else:
+            n_keep = len(new)
+        spans = _spans_from_lengths(lengths[:n_keep], len(text))
+        lp = torch.stack(logps[:n_keep]).cpu().numpy() if n_keep else np.zeros(0, np.float32)
+        en = torch.stack(ents[:n_keep]).cpu().numpy() if n_keep else np.zeros(0, np.float32)
+        return Generation(text=text, token_ids=new[:n_keep], spans=spans, logprobs=lp.astype(np.float64),
+                          entropies=en.astype(np.float64), tokens_generated=generated, prompt_tokens=len(ids),
+                          stop=reason)
+
+    # -- attention --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def attention(self, ids: list[int]) -> np.ndarray:
+        """Last-layer attention of one forward pass over ``ids``, averaged over heads: ``A[i, j]`` is how much
+        position ``i`` attends to position ``j <= i``."""
+        if self.max_positions is not None and len(ids) > self.max_positions:
+            raise GeneratorError(f"{len(ids)} tokens exceed the model's {self.max_positions} positions")
+        previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")
+        try:
+            out = self.model(torch.tensor([ids], device=self.device), output_attentions=True)
+        finally:
+            self.model.set_attn_implementation(previous)
+        return out.attentions[-1][0].float().mean(dim=0).cpu().numpy().astype(np.float64)

@@ -1,0 +1,70 @@
+"""Tiny randomly initialised models for tests and benchmarks (no weights can be downloaded): a BPE tokenizer
+trained on the fly, a 2-layer Llama causal LM and a 2-layer BERT cross-encoder, saved with
+``save_pretrained`` so that they load through the same ``from_pretrained`` path as real checkpoints."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+SPECIAL = ["<s>", "</s>", "<pad>"]
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000, pair_template: bool = False):
+    """A byte-level BPE tokenizer (``PreTrainedTokenizerFast``) trained on ``texts``. The LM variant
+    prefixes BOS as Llama's does; the cross-encoder variant wraps ``<s> A </s> B </s>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    if pair_template:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
+    else:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", bos)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def build_tiny_lm(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 2000, hidden: int = 64,
+                  layers: int = 2, heads: int = 4, init_range: float = 0.5, seed: int = 0) -> Path:
+    """Save a random Llama causal LM with its tokenizer in ``out_dir``. A wide initialisation with untied
+    embeddings makes greedy output varied (a mix of confident and uncertain tokens) instead of one token
+    repeated."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = train_tokenizer(texts, vocab_size)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      max_position_embeddings=4096, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, tie_word_embeddings=False, initializer_range=init_range)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def build_tiny_cross_encoder(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 2000, hidden: int = 32,
+                             layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
+    """Save a random one-label BERT sequence classifier with its tokenizer in ``out_dir``."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = train_tokenizer(texts, vocab_size, pair_template=True)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=2 * hidden, max_position_embeddings=512, num_labels=1,
+                     pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(cfg)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
