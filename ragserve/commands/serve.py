@@ -29,6 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
     p.add_argument("--search-slots", type=int, default=0,
                    help="searches run at once (default: one per core for cpu, 1 for device backends)")
+    gen = p.add_argument_group("generation (with --model)")
+    gen.add_argument("--device", default="auto", help="generator device: auto (cuda if available), cpu, cuda[:N]")
+    gen.add_argument("--exemplars", default="multihop.txt",
+                     help="few-shot exemplar file, a path or a name in ragserve/prompts (default multihop.txt)")
+    gen.add_argument("--reranker", metavar="PATH", help="cross-encoder for the two-stage method")
+    gen.add_argument("--rerank-depth", type=int, default=100, help="BM25 hits the reranker rescores (default 100)")
+    gen.add_argument("--max-new-tokens", type=int, default=256,
+                     help="largest token option (max_new_tokens, look_ahead, ...) a client may ask for (default 256)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-query-chars", type=int, default=2000, help="longest query or question (default 2000)")
     lim.add_argument("--max-batch", type=int, default=64, help="most queries in one search batch (default 64)")
@@ -112,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
 def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
     from ragserve.server.answering import AnswerService
 
+    if args.max_new_tokens < 1 or args.rerank_depth < 1:
+        raise CliError("--max-new-tokens and --rerank-depth must be at least 1")
     try:
-        return AnswerService(args.model, searcher, cfg, metrics)
+        return AnswerService(args.model, searcher, cfg, metrics, device=args.device, exemplars=args.exemplars,
+                             reranker=args.reranker, rerank_depth=args.rerank_depth,
+                             max_new_tokens=args.max_new_tokens)
     except (OSError, ValueError) as e:
         raise CliError(str(e)) from e

@@ -16,7 +16,7 @@ from ragserve.server.config import ServerConfig
 from ragserve.server.errors import ApiError
 from ragserve.server.metrics import ServerMetrics
 from ragserve.server.search_service import SearchService
-from ragserve.server.validation import answer_request, parse_json_object, search_request
+from ragserve.server.validation import DEFAULT_METHOD, answer_request, parse_json_object, search_request
 from ragserve.server.wsgi import ClosingIterable
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -166,6 +166,9 @@ def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: 
     def answer_endpoint() -> Response:
         data = body()
         if answers is None:
+            from ragserve.rag.methods import METHOD_NAMES  # imports torch: only when someone asks
+
+            answer_request(data, config, list(METHOD_NAMES), DEFAULT_METHOD)  # bad input is a 400 here too
             raise ApiError(503, "no_generator", "no generator is loaded: this server was started without --model, "
                                                 "so only /v1/search is available")
         req = answer_request(data, config, answers.methods, answers.default_method)

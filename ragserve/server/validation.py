@@ -140,6 +140,7 @@ class AnswerRequest:
 
 
 ANSWER_FIELDS = {"question", "method", "stream", "options"}
+DEFAULT_METHOD = "single"
 
 
 def answer_request(body: dict, cfg: ServerConfig, methods: list[str], default_method: str) -> AnswerRequest:

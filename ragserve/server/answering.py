@@ -1,0 +1,260 @@
+"""``/v1/answer``: RAG methods (``ragserve.rag``) run on the generator's single worker thread.
+
+The model loads on that thread in the background (``/readyz`` is 503 until it is ready). Each request gets
+its own method object; ``StepWatch`` sees every step of its trace as it completes (to stream it as a
+server-sent event) and stops the run at the next step once the request is abandoned (timeout or the
+client went away), so an abandoned answer frees the generator early.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, Iterator
+
+from ragserve.rag.base import MethodError, RagMethod
+from ragserve.rag.generator import Generator, GeneratorError
+from ragserve.rag.methods import METHOD_NAMES, METHODS, build_method
+from ragserve.rag.prompts import PromptBuilder, PromptError, load_exemplars
+from ragserve.rag.trace import STAGES, Step, Trace
+from ragserve.searcher import Hit, Searcher
+from ragserve.server import sse
+from ragserve.server.config import ServerConfig
+from ragserve.server.errors import ApiError, invalid
+from ragserve.server.generation_queue import GenerationQueue, timeout_error
+from ragserve.server.metrics import ServerMetrics
+from ragserve.server.validation import DEFAULT_METHOD, AnswerRequest, check_fields, float_field, int_field
+
+log = logging.getLogger("ragserve.server")
+COMMON_OPTIONS = ("k", "max_new_tokens", "query_max_tokens", "answer_max_tokens")
+
+
+class Abandoned(Exception):
+    """The request gave up on this answer; stop generating."""
+
+
+class StepWatch:
+    """Wraps one method object's ``retrieve`` and ``generate`` (every trace step goes through one of them):
+    a step is reported once the next one starts or the answer is done, so it is complete (trigger included)."""
+
+    def __init__(self, method: RagMethod, on_step: Callable[[int, Step], None], cancel: threading.Event) -> None:
+        self.on_step = on_step
+        self.cancel = cancel
+        self.trace: Trace | None = None
+        self.reported = 0
+        self.passages: list[Hit] = []  # the last retrieval's hits, with their text
+        retrieve, generate = method.retrieve, method.generate
+
+        def watched_retrieve(trace: Trace, *args, **kwargs) -> list[Hit]:
+            self._before(trace)
+            self.passages = retrieve(trace, *args, **kwargs)
+            return self.passages
+
+        def watched_generate(trace: Trace, *args, **kwargs):
+            self._before(trace)
+            return generate(trace, *args, **kwargs)
+
+        method.retrieve, method.generate = watched_retrieve, watched_generate
+
+    def _before(self, trace: Trace) -> None:
+        if self.cancel.is_set():
+            raise Abandoned()
+        self.trace = trace
+        self.flush(len(trace.steps))
+
+    def flush(self, upto: int) -> None:
+        while self.trace is not None and self.reported < upto:
+            self.on_step(self.reported, self.trace.steps[self.reported])
+            self.reported += 1
+
+
+def _option_kinds() -> dict[str, dict[str, type]]:
+    """Each method's accepted options and their types, read from the constructors' defaults."""
+    common = inspect.signature(RagMethod.__init__).parameters
+    kinds = {}
+    for name, cls in METHODS.items():
+        params = inspect.signature(cls.__init__).parameters
+        kinds[name] = {o: type((params[o] if o in params else common[o]).default)
+                       for o in COMMON_OPTIONS + tuple(cls.options)}
+    return kinds
+
+
+class AnswerService:
+    """Loads the generator (and the reranker for ``two-stage``) and answers questions, one at a time."""
+
+    def __init__(self, model: str, searcher: Searcher, config: ServerConfig, metrics: ServerMetrics, *,
+                 device: str = "auto", exemplars: str = "multihop.txt", reranker: str | None = None,
+                 rerank_depth: int = 100, max_new_tokens: int = 256) -> None:
+        try:
+            self.prompts = PromptBuilder(load_exemplars(exemplars))
+        except PromptError as e:
+            raise ValueError(str(e)) from e
+        self.model_name = model
+        self.searcher = searcher
+        self.config = config
+        self.metrics = metrics
+        self.device = device
+        self.max_new_tokens = max_new_tokens
+        self.methods = [m for m in METHOD_NAMES if m != "two-stage" or reranker]
+        self.default_method = DEFAULT_METHOD
+        self.option_kinds = _option_kinds()
+        self.queue = GenerationQueue(config.max_pending_answers, metrics)
+        self.generator: Generator | None = None
+        self.retriever = searcher
+        self._reranker = (reranker, rerank_depth)
+        self._loading: Future = self.queue.submit(self._load, bounded=False)  # on the generator's own thread
+
+    # -- loading --------------------------------------------------------------------------------
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            generator = Generator(self.model_name, device=self.device)
+            path, depth = self._reranker
+            if path:
+                from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
+                self.retriever = RerankingSearcher(self.searcher, CrossEncoder(path, device=self.device), depth)
+        except Exception:
+            log.exception("cannot load the model %s", self.model_name)
+            raise
+        self.generator = generator
+        log.info("model %s loaded on %s in %.1f s", self.model_name, generator.device, time.perf_counter() - t0)
+
+    def status(self) -> dict:
+        if not self._loading.done():
+            return {"state": "loading", "model": self.model_name}
+        err = self._loading.exception()
+        if err is not None:
+            return {"state": "error", "model": self.model_name, "error": f"{type(err).__name__}: {err}"}
+        return {"state": "ready", "model": self.model_name}
+
+    def describe(self) -> dict:
+        g = self.generator
+        return {"name": self.model_name, **self.status(), "device": g.device if g else None,
+                "dtype": str(g.dtype).removeprefix("torch.") if g else None,
+                "default_method": self.default_method, "max_new_tokens_limit": self.max_new_tokens,
+                "options": {m: {o: t.__name__ for o, t in self.option_kinds[m].items()} for m in self.methods}}
+
+    @property
+    def pending(self) -> int:
+        return self.queue.pending
+
+    # -- one answer -------------------------------------------------------------------------------
+    def _method(self, req: AnswerRequest) -> RagMethod:
+        """Check the options and build the method on the request's thread, so bad input fails before queueing."""
+        if req.method not in self.methods:
+            raise invalid("method", f"method {req.method!r} needs a cross-encoder reranker; this server was "
+                                    "started without --reranker")
+        kinds = self.option_kinds[req.method]
+        check_fields(req.options, set(kinds), where="options.")
+        opts = {}
+        for name, value in req.options.items():
+            field = f"options.{name}"
+            if kinds[name] is int:
+                hi = self.config.max_k if name == "k" else self.max_new_tokens
+                opts[name] = int_field(value, field, 1, hi)
+            else:
+                opts[name] = float_field(value, field, -1e6, 1e6)
+        state = self.status()
+        if state["state"] != "ready":
+            raise ApiError(503, "model_" + state["state"], f"the generator is not ready ({state['state']}"
+                           + (f": {state['error']})" if "error" in state else "); retry shortly"),
+                           headers={"Retry-After": "5"})
+        try:
+            return build_method(req.method, self.generator, self.prompts, self.retriever, **opts)
+        except MethodError as e:
+            raise invalid("options", str(e)) from None
+
+    def _run(self, method: RagMethod, req: AnswerRequest, on_step: Callable[[int, Step], None],
+             cancel: threading.Event, queued_at: float) -> dict:
+        """The job on the generator thread."""
+        started = time.perf_counter()
+        watch = StepWatch(method, on_step, cancel)
+        if cancel.is_set():
+            raise Abandoned()
+        try:
+            answer, trace = method.answer(req.question)
+        except (MethodError, GeneratorError) as e:  # e.g. max_new_tokens beyond the model's context
+            raise invalid("options", str(e)) from None
+        watch.flush(len(trace.steps))
+        done = time.perf_counter()
+        self._record(req.method, trace, done - started)
+        times = trace.times.to_dict()
+        return {
+            "question": req.question, "method": req.method, "answer": answer, "output": trace.output,
+            "passages": [dict(rank=i + 1, **h.to_dict()) for i, h in enumerate(watch.passages)],
+            "trace": [s.to_dict() for s in trace.steps], "retrievals": trace.retrievals, "tokens": trace.tokens,
+            "timing": {"queue": started - queued_at, **times, "total": done - queued_at},
+            "model": self.model_name,
+        }
+
+    def _record(self, method: str, trace: Trace, seconds: float) -> None:
+        m = self.metrics
+        m.generation.observe(seconds, method=method)
+        for stage, v in trace.times.to_dict().items():
+            m.answer_stage.inc(v, stage=stage, method=method)
+        for s in trace.steps:
+            if s.kind == "retrieve":
+                m.retrieval.observe(s.times.relevancy + s.times.retrieval + s.times.prepare)
+
+    def answer(self, req: AnswerRequest, deadline: float) -> dict:
+        method = self._method(req)
+        cancel = threading.Event()
+        queued_at = time.perf_counter()
+        try:
+            return self.queue.run(lambda: self._run(method, req, lambda i, s: None, cancel, queued_at), deadline)
+        except ApiError:
+            cancel.set()
+            raise
+
+    def stream(self, req: AnswerRequest, deadline: float) -> Iterator[bytes]:
+        """Server-sent events: ``queued``, ``started``, one ``step`` per trace step, then ``answer`` (the same
+        object the non-streaming call returns) or ``error``. Bad input and a full queue fail before the stream
+        starts, with a normal JSON error."""
+        method = self._method(req)
+        events: queue.Queue = queue.Queue()
+        cancel = threading.Event()
+        queued_at = time.perf_counter()
+
+        def job() -> None:
+            events.put(("started", {"queue_seconds": time.perf_counter() - queued_at}))
+            try:
+                result = self._run(method, req, lambda i, s: events.put(("step", {"index": i, **s.to_dict()})),
+                                   cancel, queued_at)
+                events.put(("answer", result))
+            except Abandoned:
+                pass
+            except ApiError as e:
+                events.put(("error", e.to_dict()))
+            except Exception as e:  # reported in the stream: the 200 status line has already gone out
+                log.exception("answer failed")
+                events.put(("error", ApiError(500, "internal_error", f"internal error: {type(e).__name__}").to_dict()))
+
+        fut = self.queue.submit(job)
+        return self._events(events, fut, cancel, deadline, pending=self.queue.pending)
+
+    def _events(self, events: queue.Queue, fut: Future, cancel: threading.Event, deadline: float,
+                pending: int) -> Iterator[bytes]:
+        try:
+            yield sse.event("queued", {"pending": pending})
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    yield sse.event("error", timeout_error(fut).to_dict())
+                    return
+                try:
+                    name, data = events.get(timeout=min(left, self.config.sse_keepalive_s))
+                except queue.Empty:
+                    yield sse.KEEPALIVE
+                    continue
+                yield sse.event(name, data)
+                if name in ("answer", "error"):
+                    return
+        finally:  # finished, timed out, or the client disconnected (the server closes this generator)
+            cancel.set()
+            fut.cancel()
+
+    def close(self) -> None:
+        self.queue.shutdown()
