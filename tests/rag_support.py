@@ -4,6 +4,7 @@ paragraphs (the closed corpus the e2e runs retrieve from)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import shutil
 import tempfile
@@ -58,3 +59,15 @@ def hotpot_index() -> Path:
 def generator():
     from ragserve.rag.generator import Generator
     return Generator(str(tiny_lm()), device="cpu")
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Tiny models run fastest on one thread; two spinning threads on a shared 2-core box are far slower."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
