@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # Order is the order of `ragserve --help`.
-COMMAND_MODULES = ["index", "search", "info", "eval_run", "serve", "eval"]
+COMMAND_MODULES = ["index", "search", "info", "eval_run", "serve", "eval", "corpus"]
 
 
 class CliError(Exception):
