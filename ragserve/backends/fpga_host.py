@@ -142,14 +142,18 @@ class LaunchResult:
 
 
 def merge_shards(results: list[LaunchResult], k: int) -> list[TopK]:
-    """The best k of the per-shard top-k lists of each query (score desc, docid asc)."""
+    """The best k of the per-shard top-k lists of each query (score desc, docid asc), one sort per batch."""
     n = results[0].counts.size
+    docs = np.concatenate([r.docids for r in results], axis=1).astype(np.int64)  # [n, shards * k]
+    scores = np.concatenate([r.scores for r in results], axis=1)
+    valid = np.concatenate([np.arange(k)[None, :] < r.counts[:, None] for r in results], axis=1)
+    row = np.broadcast_to(np.arange(n)[:, None], docs.shape)
+    # Invalid slots sort after every hit of their row; rows stay apart.
+    order = np.lexsort((docs.ravel(), -scores.ravel(), ~valid.ravel(), row.ravel())).reshape(n, -1)[:, :k]
     out = []
     for q in range(n):
-        docs = np.concatenate([r.docids[q, :int(r.counts[q])] for r in results]).astype(np.int64)
-        scores = np.concatenate([r.scores[q, :int(r.counts[q])] for r in results])
-        order = np.lexsort((docs, -scores))[:k]
-        out.append(TopK(docids=docs[order], scores=scores[order].astype(np.float32)))
+        idx = order[q][:int(min(k, valid[q].sum()))]
+        out.append(TopK(docids=docs.ravel()[idx], scores=scores.ravel()[idx].astype(np.float32)))
     return out
 
 
