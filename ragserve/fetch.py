@@ -5,6 +5,7 @@ Errors are ``FetchError`` with the URL and the reason in one line (the CLI print
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
 import urllib.error
@@ -52,16 +53,22 @@ def download(url: str, dest: Path, algo: str | None = None, expected: str | None
             length = response.headers.get("Content-Length")
             total = have + int(length) if length and length.isdigit() else None
             step = progress(total, have, dest.name) if progress else None
+            got = have
             with open(part, "ab" if append else "wb") as f:
                 while block := response.read(CHUNK):
                     f.write(block)
+                    got += len(block)
                     if step:
                         step(len(block))
+            if total is not None and got != total:
+                # http.client ends a body cut short without an error: compare with Content-Length
+                raise FetchError(f"{url}: connection closed after {got:,} of {total:,} bytes; "
+                                 f"run again to resume from {part.name}")
     except urllib.error.HTTPError as e:
         if not (e.code == 416 and have):  # 416 with a .part: it is already complete, verify it below
             raise FetchError(f"{url}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", None) or e
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # HTTPException: connection cut
+        reason = getattr(e, "reason", None) or repr(e)
         raise FetchError(f"{url}: download failed ({reason}); run again to resume from {part.name}") from None
     if expected:
         got = file_digest(part, algo or "sha256")

@@ -52,7 +52,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 def _bar_factory(bars: list):
     def make(total: int | None, have: int, label: str):
-        bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=label, leave=False)
+        bar = tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=label, leave=False,
+                   disable=None)  # no bar when stderr is not a terminal
         bars.append(bar)
         return bar.update
     return make

@@ -87,7 +87,7 @@ def recipes() -> dict[str, Recipe]:
 
 def get_recipe(name: str) -> Recipe:
     """A bundled recipe by name, or a recipe file when ``name`` is a path to one."""
-    if name.endswith(".json") and Path(name).exists():
+    if name.endswith(".json"):
         return load_recipe_file(name)
     known = recipes()
     if name not in known:
