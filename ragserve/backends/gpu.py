@@ -1,0 +1,294 @@
+"""The GPU backend: exact BM25 top-k on a CUDA device (torch + a fused Triton kernel), batched.
+
+The layout's arrays go to the device as they are (``postings.u32``, ``blk_id.u32``, ``blk_start.u32`` of each
+shard, concatenated into one arena, and ``norms.u8``). A batch of queries is scored into a dense f64
+accumulator of shape [queries, num_docs]: the host turns the batch into work items (query, term, shard), and
+the kernel adds each posting's f32 term score into its cell. A query whose f64 sum is exact in any order
+(``bm25.sum_is_exact``) is scored in one launch with atomic adds; otherwise its terms go one launch each in
+ascending term id, so every cell sums in the canonical order. Either way the scores equal the CPU backend's
+bit for bit. Shards that do not fit the memory budget stay on the host and are staged per batch.
+
+Nothing global is touched: every tensor lives on the configured device, and kernels run inside
+``torch.cuda.device(...)`` so a generator can share the GPU (and the current device is restored).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import numpy as np
+import torch
+
+from indexer.reader import IndexReader
+from ragserve import bm25
+from ragserve.backends import gpu_kernels as K
+from ragserve.backends.gpu_items import ItemPlanner, Items
+from ragserve.backends.gpu_plan import MemoryPlan, plan_memory
+from ragserve.backends.gpu_topk import select_topk
+from ragserve.bm25 import QueryTerms
+from ragserve.searcher import Backend, KernelTimes, SearchError, TopK
+
+BOUNCE_ELEMS = 16 << 20  # host->device uploads go through a pinned buffer of this many 4-byte words
+DEFAULT_BUDGET_FRACTION = 0.9  # of the free device memory, when no memory_bytes is given
+
+
+def _resolve_device(device: str | None) -> torch.device:
+    if device is None:
+        if not torch.cuda.is_available():
+            raise SearchError("no CUDA device is visible to torch; pass device='cpu' to run the gpu backend on the CPU")
+        return torch.device("cuda", torch.cuda.current_device())
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise SearchError(f"bad device {device!r}: {e}") from e
+    if d.type == "cpu":
+        return d
+    if d.type != "cuda":
+        raise SearchError(f"unsupported device {device!r} (use 'cuda', 'cuda:N' or 'cpu')")
+    if not torch.cuda.is_available():
+        raise SearchError(f"device {device!r} asked for, but no CUDA device is visible to torch")
+    idx = torch.cuda.current_device() if d.index is None else d.index
+    if idx >= torch.cuda.device_count():
+        raise SearchError(f"device {device!r} does not exist ({torch.cuda.device_count()} CUDA device(s))")
+    return torch.device("cuda", idx)
+
+
+class GpuBackend(Backend):
+    name = "gpu"
+
+    def __init__(self, index: IndexReader, device: str | None = None, memory_bytes: int | None = None,
+                 max_batch: int = 64, kernel: str = "auto", term_order: str = "auto", **options) -> None:
+        super().__init__(index)
+        if options:
+            raise SearchError(f"unknown option(s) for the gpu backend: {', '.join(sorted(options))}")
+        if term_order not in ("auto", "ascending"):
+            raise SearchError(f"term_order must be 'auto' or 'ascending', got {term_order!r}")
+        self.device = _resolve_device(device)
+        self.kernel = self._pick_kernel(kernel)
+        self.term_order = term_order
+        self._cuda = self.device.type == "cuda"
+        self.num_docs = index.num_docs
+        self.block_shift = index.block_size.bit_length() - 1
+        self.tf_bits = index.tf_bits
+        if memory_bytes is None:
+            memory_bytes = self._default_budget()
+        shard_sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in index.shards]
+        self.plan: MemoryPlan = plan_memory(self.num_docs, shard_sizes, int(memory_bytes), max_batch)
+        # Host-side tables: work items are planned from term_ptr/blk_start; streamed shards are staged from here.
+        self._planner = ItemPlanner([s.term_ptr for s in index.shards], [s.blk_start for s in index.shards])
+        norms = np.asarray(index.norms)
+        # Smallest possible q over the index (tf >= 1, longest length present): proves f64 sums exact.
+        self._max_norm = int(norms.max()) if norms.size else 0
+        self._caches: dict[tuple[float, float], tuple[np.ndarray, torch.Tensor]] = {}
+        self._acc: torch.Tensor | None = None
+        with self._on_device():
+            self._load(norms)
+
+    # -- setup --------------------------------------------------------------------------------
+    def _pick_kernel(self, kernel: str) -> str:
+        if kernel not in ("auto", "triton", "torch"):
+            raise SearchError(f"kernel must be 'auto', 'triton' or 'torch', got {kernel!r}")
+        if kernel == "auto":
+            return "triton" if self.device.type == "cuda" and K.triton_available() else "torch"
+        if kernel == "triton":
+            if not K.triton_available():
+                raise SearchError("kernel='triton' asked for, but triton is not installed")
+            # Triton's interpreter (TRITON_INTERPRET=1) runs the same kernel on CPU tensors, for checking it.
+            if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise SearchError("kernel='triton' needs a CUDA device (or TRITON_INTERPRET=1)")
+        return kernel
+
+    def _default_budget(self) -> int:
+        if self.device.type != "cuda":
+            return 1 << 62  # host memory: no device limit to plan for
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return int(free * DEFAULT_BUDGET_FRACTION)
+
+    def _on_device(self):
+        return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
+
+    def _load(self, norms: np.ndarray) -> None:
+        plan, shards, dev = self.plan, self.index.shards, self.device
+        self._pbase = np.zeros(len(shards), np.int64)
+        self._ebase = np.zeros(len(shards), np.int64)
+        p_off = e_off = 0
+        for i in plan.resident:
+            self._pbase[i], self._ebase[i] = p_off, e_off
+            p_off += shards[i].postings.size
+            e_off += shards[i].blk_id.size + 1
+        self._stage_p, self._stage_e = p_off, e_off  # staging lives after the resident shards
+        self._post = torch.empty(p_off + plan.staging_postings, dtype=torch.int32, device=dev)
+        self._bid = torch.empty(e_off + plan.staging_entries, dtype=torch.int32, device=dev)
+        self._bst = torch.empty(e_off + plan.staging_entries, dtype=torch.int32, device=dev)
+        self._bounce = (torch.empty(BOUNCE_ELEMS, dtype=torch.int32, pin_memory=True) if self._cuda else None)
+        for i in plan.resident:
+            sh, p0, e0 = shards[i], int(self._pbase[i]), int(self._ebase[i])
+            self._upload(self._post, p0, sh.postings)
+            self._upload(self._bid, e0, sh.blk_id)
+            self._upload(self._bst, e0, sh.blk_start)
+        if plan.streamed and self._cuda:
+            self._stage_host = [torch.empty(n, dtype=torch.int32, pin_memory=True)
+                                for n in (plan.staging_postings, plan.staging_entries, plan.staging_entries)]
+        self._norms = torch.from_numpy(np.array(norms, dtype=np.uint8)).to(dev)
+        if self._cuda:
+            torch.cuda.synchronize(dev)
+
+    def _upload(self, dst: torch.Tensor, offset: int, src: np.ndarray) -> None:
+        """Copy a (memory-mapped) u32 layout array into ``dst[offset:]``."""
+        src = np.asarray(src).view(np.int32)
+        if not self._cuda:
+            dst[offset:offset + src.size].numpy()[:] = src
+            return
+        bounce = self._bounce.numpy()
+        for o in range(0, src.size, BOUNCE_ELEMS):
+            m = min(BOUNCE_ELEMS, src.size - o)
+            bounce[:m] = src[o:o + m]
+            dst[offset + o:offset + o + m].copy_(self._bounce[:m])  # synchronous: the buffer is reused next
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        if not torch.cuda.is_available():
+            return False, "no CUDA device is visible to torch"
+        return True, ""
+
+    def describe(self) -> dict:
+        p = self.plan
+        return {"backend": self.name, "device": str(self.device), "kernel": self.kernel, "term_order": self.term_order,
+                "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
+                "resident_shards": len(p.resident), "streamed_shards": len(p.streamed),
+                "resident_shard_bytes": p.resident_bytes, "staging_bytes": p.staging_bytes,
+                "batch_rows": p.rows, "accumulator_bytes": p.rows * p.row_bytes, "total_bytes": p.total_bytes}
+
+    # -- search -------------------------------------------------------------------------------
+    def _cache(self, k1: float, b: float) -> tuple[np.ndarray, torch.Tensor]:
+        key = (float(np.float32(k1)), float(np.float32(b)))
+        if key not in self._caches:
+            c = bm25.norm_cache(k1, b, self.index.avgdl)
+            self._caches[key] = (c, torch.from_numpy(c).to(self.device))
+        return self._caches[key]
+
+    def _accumulator(self, rows: int) -> torch.Tensor:
+        if self._acc is None:
+            self._acc = torch.zeros((self.plan.rows, self.num_docs), dtype=torch.float64, device=self.device)
+        return self._acc[:rows]
+
+    def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
+                     times: KernelTimes | None = None) -> list[TopK]:
+        empty = TopK(np.zeros(0, np.int64), np.zeros(0, np.float32))
+        results: list[TopK] = [empty] * len(queries)
+        todo = [i for i, q in enumerate(queries) if len(q)]
+        with self._on_device():
+            cache_np, cache = self._cache(k1, b)
+            # tf >= 1 and norm <= max_norm bound q below; /4 keeps a margin for the f32 rounding of s.
+            min_q = float(cache_np[self._max_norm]) / 4
+            for c in range(0, len(todo), self.plan.rows):
+                idx = todo[c:c + self.plan.rows]
+                qs = [queries[i] for i in idx]
+                t0 = time.perf_counter()
+                acc = self.accumulate(qs, cache, min_q)
+                if times is not None:
+                    self._sync()
+                    t1 = time.perf_counter()
+                tops = select_topk(acc, k)
+                if times is not None:
+                    t2 = time.perf_counter()
+                    times.relevancy += t1 - t0
+                    times.topk += t2 - t1
+                for i, t in zip(idx, tops):
+                    results[i] = t
+        return results
+
+    def _sync(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+
+    def accumulate(self, queries: list[QueryTerms], cache: torch.Tensor, min_q: float) -> torch.Tensor:
+        """Score up to ``plan.rows`` queries into accumulator rows [0, len(queries)); returns that view."""
+        with self._on_device():
+            return self._accumulate(queries, cache, min_q)
+
+    def _accumulate(self, queries: list[QueryTerms], cache: torch.Tensor, min_q: float) -> torch.Tensor:
+        acc = self._accumulator(len(queries))
+        items = self._planner.items(queries)
+        if self.term_order == "auto":
+            exact = np.array([bm25.sum_is_exact(q.weights, min_q) for q in queries], dtype=bool)
+        else:
+            exact = np.zeros(len(queries), dtype=bool)
+        streamed = np.isin(items.shard, self.plan.streamed)
+        resident = items.take(~streamed)
+        self._launch_all(resident, self._pbase[resident.shard], self._ebase[resident.shard] + resident.e0,
+                         exact, cache, acc)
+        for s in self.plan.streamed:
+            part = items.take(items.shard == s)
+            if len(part):
+                pbase, e0 = self._stage(s, part)
+                self._launch_all(part, pbase, e0, exact, cache, acc)
+        return acc
+
+    def _launch_all(self, items: Items, pbase: np.ndarray, e0: np.ndarray, exact: np.ndarray,
+                    cache: torch.Tensor, acc: torch.Tensor) -> None:
+        """Exact rows in one atomic launch; the others one launch per term position, ascending."""
+        if len(items) == 0:
+            return
+        is_exact = exact[items.row]
+        self._launch(items, pbase, e0, is_exact, True, cache, acc)
+        rest = ~is_exact
+        if rest.any():
+            for j in range(int(items.slot[rest].max()) + 1):
+                self._launch(items, pbase, e0, rest & (items.slot == j), False, cache, acc)
+
+    def _launch(self, items: Items, pbase: np.ndarray, e0: np.ndarray, sel: np.ndarray, atomic: bool,
+                cache: torch.Tensor, acc: torch.Tensor) -> None:
+        if not sel.any():
+            return
+        it = items.take(sel)
+        args = (it.a, it.n, e0[sel], it.ne, pbase[sel], it.row * self.num_docs, it.w)
+        tail = (self._post, self._bid, self._bst, self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
+        if self.kernel == "triton":
+            K.score_triton(*args, *tail, atomic=atomic)
+        else:
+            dev = self.device
+            K.score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(dev) for x in args), *tail)
+
+    def _stage(self, s: int, items: Items) -> tuple[np.ndarray, np.ndarray]:
+        """Copy the postings and entries the items need from host shard ``s`` into the staging area.
+
+        Returns each item's posting base and first-entry index in the arena. Each term is copied once.
+        """
+        sh = self.index.shards[s]
+        terms, first = np.unique(items.term, return_index=True)
+        a, n, e0, ne = items.a[first], items.n[first], items.e0[first], items.ne[first]
+        sp = np.cumsum(n) - n  # staging offsets of each term's postings
+        se = np.cumsum(ne + 1) - (ne + 1)  # and of its entries (with their end sentinel)
+        p_host, e_host = self._stage_buffers()
+        bid_host = e_host[1]
+        for t in range(terms.size):
+            p_host[sp[t]:sp[t] + n[t]] = np.asarray(sh.postings[a[t]:a[t] + n[t]]).view(np.int32)
+            e_host[0][se[t]:se[t] + ne[t] + 1] = np.asarray(sh.blk_start[e0[t]:e0[t] + ne[t] + 1]).view(np.int32)
+            bid_host[se[t]:se[t] + ne[t]] = np.asarray(sh.blk_id[e0[t]:e0[t] + ne[t]]).view(np.int32)
+        np_, ne_ = int(n.sum()), int((ne + 1).sum())
+        self._copy_stage(self._post, self._stage_p, 0, np_)
+        self._copy_stage(self._bst, self._stage_e, 1, ne_)
+        self._copy_stage(self._bid, self._stage_e, 2, ne_)
+        pos = np.searchsorted(terms, items.term)
+        pbase = self._stage_p + sp[pos] - items.a
+        return pbase, self._stage_e + se[pos]
+
+    def _stage_buffers(self) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        if self._cuda:
+            self._sync()  # the previous shard's copies must have left the pinned buffers
+            h = self._stage_host
+            return h[0].numpy(), (h[1].numpy(), h[2].numpy())
+        # On the CPU the staging area itself is host memory: write into it directly.
+        return (self._post[self._stage_p:].numpy(),
+                (self._bst[self._stage_e:].numpy(), self._bid[self._stage_e:].numpy()))
+
+    def _copy_stage(self, dst: torch.Tensor, offset: int, which: int, count: int) -> None:
+        if self._cuda:
+            dst[offset:offset + count].copy_(self._stage_host[which][:count], non_blocking=True)
+
+    def close(self) -> None:
+        self._acc = None
+        self._post = self._bid = self._bst = self._norms = None
+        self._caches.clear()

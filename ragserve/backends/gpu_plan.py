@@ -1,0 +1,91 @@
+"""Device memory plan of the GPU backend: which shards live on the device, which stream from host memory.
+
+A shard on the device holds its layout arrays as they are: ``postings.u32`` (4 bytes a posting) and
+``blk_id.u32`` / ``blk_start.u32`` (4 bytes an entry each, plus one sentinel). The other per-shard tables
+(``term_ptr``, block bounds) stay on the host, where work items are planned. Besides the shards the device
+needs the norms (1 byte a doc) and, per query scored at once, an accumulator row of ``num_docs`` f64 plus the
+top-k working set (``ROW_BYTES_PER_DOC``). Shards that do not fit are copied, the slices a batch needs, into
+a staging area as large as the largest such shard.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ragserve.searcher import SearchError
+
+# Per doc and accumulator row: f64 accumulator (8), f32 scores (4), three bool masks (3), top-k scratch (4).
+ROW_BYTES_PER_DOC = 19
+
+
+class MemoryPlanError(SearchError):
+    """Not even one accumulator row, the norms and the staging area fit in the memory budget."""
+
+
+def shard_device_bytes(postings: int, entries: int) -> int:
+    return 4 * postings + 8 * (entries + 1)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget: int
+    norms_bytes: int
+    resident: tuple[int, ...]  # shard indexes kept on the device
+    streamed: tuple[int, ...]  # shard indexes staged from host memory per batch
+    resident_bytes: int
+    staging_postings: int  # capacity of the staging area, postings
+    staging_entries: int  # capacity of the staging area, entries (sentinel included)
+    rows: int  # queries scored at once
+    row_bytes: int
+
+    @property
+    def staging_bytes(self) -> int:
+        return shard_device_bytes(self.staging_postings, self.staging_entries - 1) if self.streamed else 0
+
+    @property
+    def index_bytes(self) -> int:
+        """Bytes the index itself occupies on the device (norms + resident shards + staging)."""
+        return self.norms_bytes + self.resident_bytes + self.staging_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.index_bytes + self.rows * self.row_bytes
+
+
+def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_rows: int) -> MemoryPlan:
+    """Place shards (``(postings, entries)`` each) within ``budget`` bytes, leaving room for >= 1 row.
+
+    Shards are kept resident in index order as long as they fit; the rest stream. Raises ``MemoryPlanError``
+    when not even the norms, one row and the staging area fit.
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_rows}")
+    row_bytes = ROW_BYTES_PER_DOC * num_docs
+    fixed = num_docs + row_bytes
+    sizes = [shard_device_bytes(p, e) for p, e in shards]
+    if fixed + sum(sizes) <= budget:
+        resident, streamed = tuple(range(len(shards))), ()
+        stage_p = stage_e = 0
+    else:
+        stage_p = max(p for p, _ in shards)
+        stage_e = max(e for _, e in shards) + 1
+        stage = shard_device_bytes(stage_p, stage_e - 1)
+        room = budget - fixed - stage
+        if room < 0:
+            raise MemoryPlanError(
+                f"the GPU backend needs at least {fixed + stage:,} bytes of device memory (norms {num_docs:,}, "
+                f"one accumulator row {row_bytes:,}, staging for the largest shard {stage:,}); the budget is "
+                f"{budget:,} bytes: free device memory or raise memory_bytes")
+        res = []
+        for i, size in enumerate(sizes):
+            if size <= room:
+                res.append(i)
+                room -= size
+        resident = tuple(res)
+        streamed = tuple(i for i in range(len(shards)) if i not in res)
+    resident_bytes = sum(sizes[i] for i in resident)
+    staging = shard_device_bytes(stage_p, stage_e - 1) if streamed else 0
+    spare = budget - num_docs - resident_bytes - staging
+    rows = max(1, min(max_rows, spare // row_bytes)) if row_bytes else max_rows
+    return MemoryPlan(budget=budget, norms_bytes=num_docs, resident=resident, streamed=streamed,
+                      resident_bytes=resident_bytes, staging_postings=stage_p, staging_entries=stage_e,
+                      rows=int(rows), row_bytes=row_bytes)

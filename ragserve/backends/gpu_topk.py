@@ -1,0 +1,34 @@
+"""Exact top-k of accumulator rows on the device, with the ranking rule of ``FORMAT.md``.
+
+``torch.topk`` finds each row's k-th largest f32 score but breaks ties arbitrarily, so it is used only for
+that threshold: every doc scoring at least the threshold (ties included) becomes a candidate, and the
+candidates are sorted by (row, score desc, docid asc) on the device. The host then keeps each row's first k.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ragserve.searcher import TopK
+
+_TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
+
+
+def select_topk(acc: torch.Tensor, k: int) -> list[TopK]:
+    """Top-k of each row of ``acc`` (f64 sums, 0 = doc not matched), best first; zeroes ``acc`` for reuse."""
+    rows, num_docs = acc.shape
+    scores = acc.to(torch.float32)
+    acc.zero_()
+    kth = torch.topk(scores, min(k, num_docs), dim=1, largest=True, sorted=False).values.min(dim=1).values
+    # Only matched docs (score > 0) rank; a row with fewer than k of them keeps them all.
+    r, d = (scores >= kth.clamp_min(_TINY)[:, None]).nonzero(as_tuple=True)  # row-major, docid ascending
+    bits = scores[r, d].view(torch.int32).long()
+    # Positive f32 scores order like their bit patterns; a stable sort keeps docid order among ties.
+    key = (r << 32) | (0x7FFFFFFF - bits)
+    key, order = torch.sort(key, stable=True)
+    out = torch.stack((key, d[order])).cpu().numpy()  # one transfer
+    r = out[0] >> 32
+    s = (0x7FFFFFFF - (out[0] & 0xFFFFFFFF)).astype(np.int32).view(np.float32)
+    bounds = np.searchsorted(r, np.arange(rows + 1))
+    return [TopK(out[1, bounds[i]:min(bounds[i] + k, bounds[i + 1])].astype(np.int64),
+                 s[bounds[i]:min(bounds[i] + k, bounds[i + 1])].copy()) for i in range(rows)]
