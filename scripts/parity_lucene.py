@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = parity.run_parity(corpus, queries, qrels, remove_query=not args.keep_query, workdir=args.workdir)
     print(f"{folder.name}: {rep.queries} queries, {time.perf_counter() - t0:.1f} s in all")
     print(f"top-{rep.top_k} equal to Lucene's: as sets {rep.set_equal:.2%}, in order modulo exact ties "
-          f"{rep.order_equal:.2%}")
+          f"{rep.order_equal:.2%}, identical (ids, f32 scores, tie order) {rep.identical:.2%}")
     print(f"max relative score difference (common docs in the top 100): {rep.max_rel_score_diff:.3g}")
     for engine in ("lucene", "ragserve"):
         e = rep.effectiveness[engine]

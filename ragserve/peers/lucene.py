@@ -100,7 +100,8 @@ def open_reader(index_dir: str | Path):
     from jnius import autoclass, cast
 
     path = autoclass("java.io.File")(str(index_dir)).toPath()
-    reader = autoclass("org.apache.lucene.index.DirectoryReader").open(autoclass("org.apache.lucene.store.FSDirectory").open(path))
+    directory = autoclass("org.apache.lucene.store.FSDirectory").open(path)
+    reader = autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
     return cast("org.apache.lucene.index.IndexReader", reader)
 
 
@@ -112,7 +113,7 @@ class LuceneRef:
     ``BM25Similarity(k1, b)``, then rounds scores to 4 decimals and re-sorts ties by external id. ``search``
     runs the same query on a single-threaded Lucene ``IndexSearcher`` and returns Lucene's own top-k: f32 scores
     at full precision, ties in internal docid order. ``pyserini`` is the ``LuceneSearcher`` itself (for timing
-    what pyserini users call).
+    what pyserini users call, and to check that both give the same hits).
     """
 
     FIELD = "contents"
@@ -120,18 +121,28 @@ class LuceneRef:
     def __init__(self, index_dir: str | Path, k1: float = 0.9, b: float = 0.4) -> None:
         start_jvm()
         from jnius import autoclass
-        from pyserini.search.lucene import LuceneSearcher
 
-        self.pyserini = LuceneSearcher(str(index_dir))
-        self.pyserini.set_bm25(k1, b)
-        self.num_docs = int(self.pyserini.num_docs)
+        self.index_dir, self.k1, self.b = Path(index_dir), k1, b
+        self._pyserini = None
         self._reader = open_reader(index_dir)
+        self.num_docs = int(self._reader.numDocs())
         self._searcher = autoclass("org.apache.lucene.search.IndexSearcher")(self._reader)
         self._searcher.setSimilarity(autoclass("org.apache.lucene.search.similarities.BM25Similarity")(k1, b))
         self._stored = self._reader.storedFields()
         self._ids: dict[int, str] = {}  # Lucene docid -> external id, fetched on first use (one JNI call each)
         self._analyzer = autoclass("io.anserini.index.IndexCollection").DEFAULT_ANALYZER
         self._generator = autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")()
+
+    @property
+    def pyserini(self):
+        """pyserini's own ``LuceneSearcher`` on the same index and BM25 parameters (imported on first use: the
+        import takes several seconds, as it pulls in torch)."""
+        if self._pyserini is None:
+            from pyserini.search.lucene import LuceneSearcher
+
+            self._pyserini = LuceneSearcher(str(self.index_dir))
+            self._pyserini.set_bm25(self.k1, self.b)
+        return self._pyserini
 
     def query(self, text: str):
         return self._generator.buildQuery(self.FIELD, self._analyzer, text)
@@ -152,7 +163,8 @@ class LuceneRef:
         return ext
 
     def close(self) -> None:
-        self.pyserini.close()
+        if self._pyserini is not None:
+            self._pyserini.close()
         self._reader.close()
 
 

@@ -48,6 +48,7 @@ class ParityReport:
     top_k: int
     set_equal: float  # fraction of queries whose top-k sets are equal
     order_equal: float  # fraction whose top-k order is equal modulo exact-score ties
+    identical: float  # fraction whose top-k (ids, order, f32 scores) is identical, ties in the same order
     max_rel_score_diff: float  # over documents both engines return in the top 100
     effectiveness: dict[str, dict[str, float]]  # engine -> metric -> mean (trec_eval order)
     effectiveness_engine_order: dict[str, float]  # engine -> nDCG@10 keeping the engine's own tie order
@@ -131,7 +132,7 @@ def as_engine_order(run: Run) -> Run:
 
 def compare_runs(lrun: Run, rrun: Run, qrels: dict, k: int = 10, keep: int = 20) -> ParityReport:
     qids = list(lrun)
-    set_eq = order_eq = 0
+    set_eq = order_eq = same = 0
     worst = 0.0
     mismatches = []
     for qid in qids:
@@ -140,6 +141,7 @@ def compare_runs(lrun: Run, rrun: Run, qrels: dict, k: int = 10, keep: int = 20)
         o = agreement.same_order_modulo_ties(a, b, k)
         set_eq += s
         order_eq += o
+        same += list(a[:k]) == list(b[:k])
         worst = max(worst, agreement.max_rel_score_diff(a, b))
         if not (s and o) and len(mismatches) < keep:
             mismatches.append(QueryDiff(qid, b[:k], a[:k]))
@@ -147,7 +149,7 @@ def compare_runs(lrun: Run, rrun: Run, qrels: dict, k: int = 10, keep: int = 20)
     eff_order = {name: evaluate(as_engine_order(run), qrels, ("ndcg_cut_10",)).mean["ndcg_cut_10"]
                  for name, run in (("lucene", lrun), ("ragserve", rrun))}
     n = max(len(qids), 1)
-    return ParityReport(len(qids), k, set_eq / n, order_eq / n, worst, eff, eff_order, mismatches)
+    return ParityReport(len(qids), k, set_eq / n, order_eq / n, same / n, worst, eff, eff_order, mismatches)
 
 
 def build_both(corpus: Path, workdir: Path) -> tuple[Path, Path, dict[str, float]]:
