@@ -57,8 +57,9 @@ def test_yes_no_rules():
 
 
 def test_support_recall():
-    assert support_recall(["Shirley Temple", "Meet Corliss Archer"], ["Shirley Temple", "Kiss and Tell (1945 film)"]) == 0.5
-    assert support_recall(["shirley  temple", "Kiss and Tell (1945 film)"], ["Shirley Temple", "Kiss and Tell (1945 film)"]) == 1.0
+    gold = ["Shirley Temple", "Kiss and Tell (1945 film)"]
+    assert support_recall(["Shirley Temple", "Meet Corliss Archer"], gold) == 0.5
+    assert support_recall(["shirley  temple", "Kiss and Tell (1945 film)"], gold) == 1.0
     assert support_recall(["x"], []) is None
 
 

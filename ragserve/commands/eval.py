@@ -3,6 +3,7 @@ table), and ``ragserve eval build-index``: a closed-corpus index from a dataset'
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens or published["max_new_tokens"], query_max_tokens=args.query_max_tokens,
             answer_max_tokens=args.answer_max_tokens, interval=args.interval,
             sentence_max_tokens=args.sentence_max_tokens, theta=args.theta, beta=args.beta,
-            look_ahead=args.look_ahead, threshold=args.threshold if args.threshold is not None else published["threshold"],
+            look_ahead=args.look_ahead,
+            threshold=args.threshold if args.threshold is not None else published["threshold"],
             keep=args.keep or published["keep"])
     except (PromptError, GeneratorError, MethodError) as e:
         raise CliError(str(e)) from e
@@ -152,13 +154,14 @@ def run(args: argparse.Namespace) -> int:
     run_info = {"method": args.method, "dataset": Path(args.dataset).name}
     total = len(examples)
 
+    counter = itertools.count(1)
+
     def progress(row: dict, resumed: bool) -> None:
+        n = next(counter)
         if not args.quiet:
-            progress.n += 1
             tag = " (resumed)" if resumed else f" {row['seconds']:.2f}s"
-            print(f"[{progress.n}/{total}] {row['id']} em={row['em']:.0f} f1={row['f1']:.2f} "
+            print(f"[{n}/{total}] {row['id']} em={row['em']:.0f} f1={row['f1']:.2f} "
                   f"retrievals={row['retrievals']} tokens={row['tokens']}{tag}", file=sys.stderr, flush=True)
-    progress.n = 0
 
     try:
         rows = evaluate(examples, method, args.out, run_info, progress)

@@ -93,7 +93,8 @@ class RagMethod(ABC):
         with step.timed("apply"):
             prompt = self.prompts.build(question, text, passages)
             gen = self.generator.generate(prompt, max_new, stop)
-        step.text, step.tokens, step.prompt_tokens, step.stop = gen.text, gen.tokens_generated, gen.prompt_tokens, gen.stop
+        step.text, step.tokens, step.stop = gen.text, gen.tokens_generated, gen.stop
+        step.prompt_tokens = gen.prompt_tokens
         return step, gen
 
     def _ask_answer(self, question: str, text: str, passages: list[Hit], trace: Trace) -> str:

@@ -151,7 +151,8 @@ class Dragin(RagMethod):
         answer_sents = {i for i, (a, b) in enumerate(sentences) if T.has_answer(text[a:b])}
         found = rind_detect(scores, content, word_sentence, self.threshold, answer_sents)
         content_scores = [float(scores[i]) for i, c in enumerate(content) if c]
-        record = {"threshold": self.threshold, "max_score": max(content_scores, default=0.0), "fired": found is not None}
+        record = {"threshold": self.threshold, "max_score": max(content_scores, default=0.0),
+                  "fired": found is not None}
         if found is None:
             return None, record
         s_idx, hit_words = found

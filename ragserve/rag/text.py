@@ -24,7 +24,8 @@ WORD_RE = re.compile(r"\w+(?:['’\-]\w+)*|[^\w\s]")
 # upper-case letter, digit or opening quote follow; single capitals ("J. R. R.") and common abbreviations
 # are not ends.
 _SENT_END_RE = re.compile(r"[.!?][\"'”’)\]]*(?=\s+[\"'“‘(\[]?[A-Z0-9])")
-_ABBREV = frozenset("mr mrs ms dr st jr sr prof gen col lt sgt capt rev vs etc inc ltd co no vol fig approx est".split())
+_ABBREV = frozenset("mr mrs ms dr st jr sr prof gen col lt sgt capt rev vs etc inc ltd co no vol fig approx est"
+                    .split())
 ANSWER_MARK_RE = re.compile(r"the answer is", re.IGNORECASE)
 
 
