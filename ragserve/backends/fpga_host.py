@@ -142,18 +142,24 @@ class LaunchResult:
 
 
 def merge_shards(results: list[LaunchResult], k: int) -> list[TopK]:
-    """The best k of the per-shard top-k lists of each query (score desc, docid asc), one sort per batch."""
-    n = results[0].counts.size
-    docs = np.concatenate([r.docids for r in results], axis=1).astype(np.int64)  # [n, shards * k]
-    scores = np.concatenate([r.scores for r in results], axis=1)
-    valid = np.concatenate([np.arange(k)[None, :] < r.counts[:, None] for r in results], axis=1)
-    row = np.broadcast_to(np.arange(n)[:, None], docs.shape)
-    # Invalid slots sort after every hit of their row; rows stay apart.
-    order = np.lexsort((docs.ravel(), -scores.ravel(), ~valid.ravel(), row.ravel())).reshape(n, -1)[:, :k]
+    """The best k of the per-shard top-k lists of each query (score desc, docid asc).
+
+    Each hit becomes one u64 sort key, (~score bits) << 32 | docid: the bits of a non-negative f32 order like its
+    value, so ascending keys are descending scores with ties on the smaller docid. Empty slots get the largest key.
+    """
+    keys = []
+    for r in results:
+        bits = (np.uint64(0xFFFFFFFF) - r.scores.view(np.uint32).astype(np.uint64)) << np.uint64(32)
+        key = bits | r.docids.astype(np.uint64)
+        key[np.arange(k)[None, :] >= r.counts[:, None]] = np.uint64(0xFFFFFFFFFFFFFFFF)
+        keys.append(key)
+    top = np.sort(np.concatenate(keys, axis=1), axis=1)[:, :k]
+    found = np.minimum(sum(r.counts.astype(np.int64) for r in results), k)
     out = []
-    for q in range(n):
-        idx = order[q][:int(min(k, valid[q].sum()))]
-        out.append(TopK(docids=docs.ravel()[idx], scores=scores.ravel()[idx].astype(np.float32)))
+    for q, n in enumerate(found.tolist()):
+        key = top[q, :n]
+        scores = (np.uint64(0xFFFFFFFF) - (key >> np.uint64(32))).astype(np.uint32).view(np.float32)
+        out.append(TopK(docids=(key & np.uint64(0xFFFFFFFF)).astype(np.int64), scores=scores))
     return out
 
 
