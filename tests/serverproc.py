@@ -42,6 +42,16 @@ class ServerProcess:
                 self._ready.set()
         self._ready.set()  # stderr closed: the process ended
 
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Poll /readyz until the model has loaded (it loads in the background after the port opens)."""
+        import requests
+
+        def ready() -> bool:
+            return requests.get(self.url + "/readyz", timeout=5).status_code == 200
+
+        if not wait_until(ready, timeout, interval=0.2):
+            raise RuntimeError("server never became ready:\n" + self.log())
+
     def log(self) -> str:
         return "".join(self.lines)
 
@@ -75,3 +85,15 @@ def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def start_model_server(*extra: str) -> ServerProcess:
+    """A server over the HotpotQA paragraphs index with the tiny random Llama and cross-encoder of
+    ``tests/rag_support.py`` (answers are gibberish, but every method runs for real), once ready."""
+    from tests import rag_support
+
+    srv = ServerProcess("--index", str(rag_support.hotpot_index()), "--backend", "cpu",
+                        "--model", str(rag_support.tiny_lm()), "--reranker", str(rag_support.tiny_cross_encoder()),
+                        "--device", "cpu", *extra)
+    srv.wait_ready()
+    return srv

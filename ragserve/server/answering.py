@@ -103,7 +103,7 @@ class AnswerService:
         self.option_kinds = _option_kinds()
         self.queue = GenerationQueue(config.max_pending_answers, metrics)
         self.generator: Generator | None = None
-        self.retriever = searcher
+        self.reranking = None  # the two-stage method's retriever; every other method uses the searcher
         self._reranker = (reranker, rerank_depth)
         self._loading: Future = self.queue.submit(self._load, bounded=False)  # on the generator's own thread
 
@@ -115,7 +115,7 @@ class AnswerService:
             path, depth = self._reranker
             if path:
                 from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
-                self.retriever = RerankingSearcher(self.searcher, CrossEncoder(path, device=self.device), depth)
+                self.reranking = RerankingSearcher(self.searcher, CrossEncoder(path, device=self.device), depth)
         except Exception:
             log.exception("cannot load the model %s", self.model_name)
             raise
@@ -163,7 +163,8 @@ class AnswerService:
                            + (f": {state['error']})" if "error" in state else "); retry shortly"),
                            headers={"Retry-After": "5"})
         try:
-            return build_method(req.method, self.generator, self.prompts, self.retriever, **opts)
+            retriever = self.reranking if req.method == "two-stage" else self.searcher
+            return build_method(req.method, self.generator, self.prompts, retriever, **opts)
         except MethodError as e:
             raise invalid("options", str(e)) from None
 

@@ -172,10 +172,11 @@ def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: 
             raise ApiError(503, "no_generator", "no generator is loaded: this server was started without --model, "
                                                 "so only /v1/search is available")
         req = answer_request(data, config, answers.methods, answers.default_method)
+        deadline = g.deadline if req.timeout_s is None else min(g.deadline, time.monotonic() + req.timeout_s)
         if req.stream:
-            return Response(answers.stream(req, g.deadline), mimetype="text/event-stream",
+            return Response(answers.stream(req, deadline), mimetype="text/event-stream",
                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-        return jsonify(answers.answer(req, g.deadline))
+        return jsonify(answers.answer(req, deadline))
 
     @app.get("/metrics")
     def metrics_endpoint() -> Response:

@@ -137,9 +137,10 @@ class AnswerRequest:
     method: str
     stream: bool = False
     options: dict = field(default_factory=dict)
+    timeout_s: float | None = None  # the client's own deadline, at most the server's request timeout
 
 
-ANSWER_FIELDS = {"question", "method", "stream", "options"}
+ANSWER_FIELDS = {"question", "method", "stream", "options", "timeout_s"}
 DEFAULT_METHOD = "single"
 
 
@@ -158,4 +159,7 @@ def answer_request(body: dict, cfg: ServerConfig, methods: list[str], default_me
     options = body.get("options", {})
     if not isinstance(options, dict):
         raise invalid("options", f"options must be an object, got {_json_type(options)}")
-    return AnswerRequest(question=question, method=method, stream=stream, options=options)
+    timeout = body.get("timeout_s")
+    if timeout is not None:
+        timeout = float_field(timeout, "timeout_s", 0.0, cfg.request_timeout_s, lo_open=True)
+    return AnswerRequest(question=question, method=method, stream=stream, options=options, timeout_s=timeout)
