@@ -5,8 +5,9 @@ Model (parameters in ``WIKI_PARAMS``, fitted offline by ``scripts/fit_synth_para
   stopword share), with their measured probabilities.
 - Ranks H+1..r_c follow a Zipf-Mandelbrot law, density ``(x + q)^-s``; beyond r_c the density continues with the
   steeper exponent ``tail_s``, which sets the vocabulary growth (Heaps' law ``V(n) ~ n^(1/tail_s)`` for large n).
-  Rank r gets the density's mass on ``[r, r + 1)``, so a rank is drawn by inverting the closed-form CDF: no
-  tables, O(1) per token. The vocabulary is capped at ``vocab_size`` ranks.
+  Rank r gets the density's mass on ``[r, r + 1)``. A token's rank is drawn in O(1): an alias table covers the
+  first 2^14 - 1 ranks (93% of tokens), later ranks invert the closed-form CDF. The vocabulary is capped at
+  ``vocab_size`` ranks.
 - Other words are pseudo-words of consonant-vowel syllables, a pure function of the rank (shorter words for more
   frequent ranks, spelling scrambled within a length). Each ends in a consonant + a/o/u, which no Porter rule
   strips, so the analyzer keeps every one distinct; the alphabet makes none equal a head word or a stopword.
@@ -44,8 +45,8 @@ _FINAL_VOWELS = b"aou"  # no Porter-stemmer suffix ends in consonant + a/o/u
 _NC, _NV, _NF = len(_CONSONANTS), len(_VOWELS), len(_FINAL_VOWELS)  # compile-time constants in the kernel
 _CV = np.array([[c, v] for c in _CONSONANTS for v in _VOWELS], dtype=np.uint8)  # syllable j -> 2 bytes
 _CF = np.array([[c, v] for c in _CONSONANTS for v in _FINAL_VOWELS], dtype=np.uint8)
-TABLE_RANKS = 1 << 14  # ranks drawn through a CDF table (93% of tokens); the rest by the closed form
-GUIDE_BITS = 15
+TABLE_BITS = 14  # an alias table of 2^14 outcomes: the first 2^14 - 1 ranks (93% of tokens) and "a later rank"
+TABLE_RANKS = (1 << TABLE_BITS) - 1  # ranks with a table entry; later ones come from the closed-form inverse CDF
 _PSEUDO = re.compile(rf"^([{_CONSONANTS.decode()}][{_VOWELS.decode()}])*[{_CONSONANTS.decode()}][{_FINAL_VOWELS.decode()}]$")
 
 
@@ -191,26 +192,23 @@ def _inverse_antiderivative(y: float, q: float, s: float) -> float:
 
 
 @numba.njit(cache=True, inline="always")
-def _rank(x: np.uint64, cdf: np.ndarray, guide: np.ndarray, law: np.ndarray) -> int:
-    """0-based rank index of the 64-bit draw x: the first r with cdf[r] > x when that lies in the table
-    (binary search between the guide's bounds for x's bucket), else the closed-form inverse."""
-    if x < cdf[-1]:
-        g = x >> np.uint64(64 - GUIDE_BITS)
-        lo, hi = guide[g], guide[g + 1]
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if cdf[mid] <= x:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-    return _law_rank(float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0), law, len(cdf) + 1.0)
+def _rank(state: np.ndarray, prob: np.ndarray, alias: np.ndarray, law: np.ndarray) -> int:
+    """0-based rank index of one draw: Walker's alias method over the table (top TABLE_BITS bits pick the
+    column, the next 32 bits decide between it and its alias); the last outcome stands for every later rank,
+    drawn by the closed-form inverse CDF restricted to them."""
+    x = _next(state)
+    i = np.int64(x >> np.uint64(64 - TABLE_BITS))  # int() would keep uint64, and uint64 | int64 is float64
+    r = i if ((x >> np.uint64(32 - TABLE_BITS)) & np.uint64(0xFFFFFFFF)) < prob[i] else alias[i]
+    if r < TABLE_RANKS:
+        return r
+    return _law_rank(law[12] + _uniform(state) * (1.0 - law[12]), law, TABLE_RANKS + 1.0)
 
 
 @numba.njit(cache=True)
 def _law_rank(u: float, law: np.ndarray, min_rank: float) -> int:
     """0-based rank index (>= min_rank - 1) of a non-head draw u in [head mass, 1) by inverting the closed-form
-    CDF. law = (head mass, mid mass, tail mass, K, q, s, tail_s, G(H+1), G_tail(r_c+1), H, r_c, V)."""
+    CDF. law = (head mass, mid mass, tail mass, K, q, s, tail_s, G(H+1), G_tail(r_c+1), H, r_c, V, mass of the
+    table's ranks)."""
     w = (u - law[0]) / (1.0 - law[0]) * (law[1] + law[2])
     if w < law[1]:
         x = math.floor(_inverse_antiderivative(law[7] + w, law[4], law[5]))
@@ -222,12 +220,12 @@ def _law_rank(u: float, law: np.ndarray, min_rank: float) -> int:
 
 
 @numba.njit(cache=True)
-def _put_word(out, pos, k, head_blob, head_off, cls_size, cls_mult):
-    """Write the word of 0-based rank index k at out[pos:], return the new position."""
-    n_head = len(head_off) - 1
-    if k < n_head:
-        for i in range(head_off[k], head_off[k + 1]):
-            out[pos] = head_blob[i]
+def _put_word(out, pos, k, cache_blob, cache_off, n_head, cls_size, cls_mult):
+    """Write the word of 0-based rank index k at out[pos:], return the new position. The first words (head words,
+    then the most frequent pseudo-words) are copied from a cache; the others are spelled from k."""
+    if k < len(cache_off) - 1:
+        for i in range(cache_off[k], cache_off[k + 1]):
+            out[pos] = cache_blob[i]
             pos += 1
         return pos
     i = k - n_head
@@ -250,6 +248,55 @@ def _put_word(out, pos, k, head_blob, head_off, cls_size, cls_mult):
 
 
 @numba.njit(cache=True)
+def _word_cache(head_blob, head_off, cls_size, cls_mult, n_words):
+    """(blob, offsets) of the words of rank indices 0..n_words-1, spelled by _put_word."""
+    out = np.empty(n_words * 2 * (len(cls_size) + 8), dtype=np.uint8)
+    off = np.zeros(n_words + 1, dtype=np.int64)
+    pos = 0
+    for k in range(n_words):
+        pos = _put_word(out, pos, k, head_blob, head_off, len(head_off) - 1, cls_size, cls_mult)
+        off[k + 1] = pos
+    return out[:pos].copy(), off
+
+
+@numba.njit(cache=True)
+def _alias_table(p):
+    """Walker/Vose alias table for the probabilities p (len a power of two): (prob as u32 thresholds, alias)."""
+    n = len(p)
+    scaled = p * (n / p.sum())
+    prob = np.zeros(n, dtype=np.uint64)
+    alias = np.arange(n).astype(np.int64)
+    small = np.empty(n, dtype=np.int64)
+    large = np.empty(n, dtype=np.int64)
+    ns = nl = 0
+    for i in range(n):
+        if scaled[i] < 1.0:
+            small[ns] = i
+            ns += 1
+        else:
+            large[nl] = i
+            nl += 1
+    while ns and nl:
+        ns -= 1
+        nl -= 1
+        s, g = small[ns], large[nl]
+        prob[s] = np.uint64(scaled[s] * 4294967296.0)
+        alias[s] = g
+        scaled[g] = (scaled[g] + scaled[s]) - 1.0
+        if scaled[g] < 1.0:
+            small[ns] = g
+            ns += 1
+        else:
+            large[nl] = g
+            nl += 1
+    for i in range(nl):
+        prob[large[i]] = np.uint64(4294967296)  # always itself (rounding leftovers included)
+    for i in range(ns):
+        prob[small[i]] = np.uint64(4294967296)
+    return prob, alias
+
+
+@numba.njit(cache=True)
 def _put(out: np.ndarray, pos: int, text: np.ndarray) -> int:
     out[pos:pos + len(text)] = text
     return pos + len(text)
@@ -269,9 +316,9 @@ def _put_int(out: np.ndarray, pos: int, value: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True)  # nogil: chunks are generated by several threads at once
-def _chunk_kernel(seed, first_id, n_docs, cdf, guide, law, words, burst, len_mean, len_std, max_len, title_cdf,
+def _chunk_kernel(seed, first_id, n_docs, prob, alias, law, words, burst, len_mean, len_std, max_len, title_cdf,
                   frame, out, tokens, tok_start):
-    head_blob, head_off, cls_size, cls_mult = words
+    cache_blob, cache_off, n_head, cls_size, cls_mult = words
     pre_id, pre_title, pre_text, post = frame
     state = np.empty(1, dtype=np.uint64)
     state[0] = seed
@@ -290,7 +337,7 @@ def _chunk_kernel(seed, first_id, n_docs, cdf, guide, law, words, burst, len_mea
             if i:
                 out[pos] = 32
                 pos += 1
-            pos = _put_word(out, pos, _law_rank(u, law, 0.0), head_blob, head_off, cls_size, cls_mult)
+            pos = _put_word(out, pos, _law_rank(u, law, 0.0), cache_blob, cache_off, n_head, cls_size, cls_mult)
         pos = _put(out, pos, pre_text)
         u1 = 1.0 - _uniform(state)  # Box-Muller normal for the passage length
         u2 = _uniform(state)
@@ -299,30 +346,21 @@ def _chunk_kernel(seed, first_id, n_docs, cdf, guide, law, words, burst, len_mea
         tok_start[d] = t
         for i in range(length):
             if i and _uniform(state) < burst:
-                r = tokens[t - 1 - int(_next(state) % np.uint64(i))]
+                r = tokens[t - 1 - np.int64(_next(state) % np.uint64(i))]
             else:
-                r = _rank(_next(state), cdf, guide, law)
+                r = _rank(state, prob, alias, law)
             tokens[t] = r
             t += 1
             if i:
                 out[pos] = 32
                 pos += 1
-            pos = _put_word(out, pos, r, head_blob, head_off, cls_size, cls_mult)
+            pos = _put_word(out, pos, r, cache_blob, cache_off, n_head, cls_size, cls_mult)
         pos = _put(out, pos, post)
     tok_start[n_docs] = t
     return pos
 
 
 # ---- driver -------------------------------------------------------------------------------------------------
-
-
-def _tables(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(cdf, guide) for the first len(p) ranks: cdf[r] = P(rank index <= r) scaled to 2^64; guide[g] = first r
-    with cdf[r] > g * 2^(64 - GUIDE_BITS), so bucket g's answer lies in [guide[g], guide[g + 1]]."""
-    cdf = np.minimum(np.cumsum(p) * 2.0**64, 2.0**64 - 4096).astype(np.uint64)  # f64 -> u64 without overflow
-    starts = np.arange((1 << GUIDE_BITS) + 1, dtype=np.uint64) << np.uint64(64 - GUIDE_BITS)
-    guide = np.minimum(np.searchsorted(cdf, starts[:-1], side="right"), len(cdf) - 1)
-    return cdf, np.append(guide, len(cdf) - 1).astype(np.int32)
 
 
 def _bytes(s: bytes | str) -> np.ndarray:
@@ -345,17 +383,22 @@ class Synthesizer:
         self.seed = seed
         head_mass, mid, tail, k = p.law()
         h = len(p.head_words)
-        self.cdf, self.guide = _tables(p.pmf(np.arange(1, min(TABLE_RANKS, p.vocab_size) + 1)))
+        if p.vocab_size <= TABLE_RANKS:
+            raise ValueError(f"vocab_size must exceed {TABLE_RANKS}")
+        table = p.pmf(np.arange(1, TABLE_RANKS + 1))
+        self.prob, self.alias = _alias_table(np.append(table, max(0.0, 1.0 - table.sum())))
         self.law = np.array([head_mass, mid, tail, k, p.zipf_q, p.zipf_s, p.tail_s,
                              _antiderivative(h + 1.0, p.zipf_q, p.zipf_s), _antiderivative(p.tail_rank + 1.0, p.zipf_q, p.tail_s),
-                             h, p.tail_rank, p.vocab_size], dtype=np.float64)
+                             h, p.tail_rank, p.vocab_size, table.sum()], dtype=np.float64)
         head = [w.encode() for w in p.head_words]
-        self.words = (_bytes(b"".join(head)), np.cumsum([0] + [len(w) for w in head]).astype(np.int64),
-                      *self._classes(p.vocab_size - h))
+        classes = self._classes(p.vocab_size - h)
+        cache = _word_cache(_bytes(b"".join(head)), np.cumsum([0] + [len(w) for w in head]).astype(np.int64),
+                            *classes, TABLE_RANKS)
+        self.words = (*cache, h, *classes)
         tl = np.cumsum(np.asarray(p.title_len_probs, dtype=np.float64))
         self.title_cdf = tl / tl[-1]
         self.max_len = int(math.ceil(p.length_mean + 8 * p.length_std)) + 1
-        longest = max(max(len(w) for w in head), 2 * len(self.words[2]))
+        longest = max(max(len(w) for w in head), 2 * len(classes[0]))
         self._row_bytes = 64 + 20 + (len(self.title_cdf) + self.max_len) * (longest + 1)
         self._frame = tuple(_bytes(s) for s in ('{"id": "', '", "title": "', '", "text": "', '"}\n'))
         self._buf = np.empty(longest, dtype=np.uint8)
@@ -384,16 +427,17 @@ class Synthesizer:
         n = _put_word(self._buf, 0, rank_index, *self.words)
         return self._buf[:n].tobytes().decode()
 
-    def chunk(self, index: int, n_docs: int) -> tuple[bytes, np.ndarray, np.ndarray]:
-        """Chunk ``index`` (documents from ``index * CHUNK_DOCS``): (JSONL bytes, token ranks, per-doc token starts)."""
+    def chunk(self, index: int, n_docs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Chunk ``index`` (documents from ``index * CHUNK_DOCS``): (JSONL as a uint8 array, token ranks, per-doc
+        token starts)."""
         seed = np.random.SeedSequence([self.seed, index]).generate_state(1, dtype=np.uint64)[0]
         out = np.empty(n_docs * self._row_bytes, dtype=np.uint8)
         tokens = np.empty(n_docs * self.max_len, dtype=np.int32)
         tok_start = np.empty(n_docs + 1, dtype=np.int64)
         p = self.params
-        n = _chunk_kernel(np.uint64(seed), index * CHUNK_DOCS, n_docs, self.cdf, self.guide, self.law, self.words, p.burst,
+        n = _chunk_kernel(np.uint64(seed), index * CHUNK_DOCS, n_docs, self.prob, self.alias, self.law, self.words, p.burst,
                           p.length_mean, p.length_std, self.max_len, self.title_cdf, self._frame, out, tokens, tok_start)
-        return out[:n].tobytes(), tokens[:tok_start[-1]], tok_start
+        return out[:n], tokens[:tok_start[-1]], tok_start  # an array, not bytes: files write it without a copy
 
     def query(self, rng: np.random.Generator, tokens: np.ndarray) -> str:
         """3-12 words of one passage's tokens, in passage order, at least one of them not a stopword."""
