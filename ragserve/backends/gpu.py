@@ -25,7 +25,7 @@ from ragserve import bm25
 from ragserve.backends import gpu_kernels as K
 from ragserve.backends.gpu_items import ItemPlanner, Items
 from ragserve.backends.gpu_plan import MemoryPlan, plan_memory
-from ragserve.backends.gpu_topk import select_topk
+from ragserve.backends.gpu_topk import METHODS as TOPK_METHODS, select_topk
 from ragserve.bm25 import QueryTerms
 from ragserve.searcher import Backend, KernelTimes, SearchError, TopK
 
@@ -58,12 +58,16 @@ class GpuBackend(Backend):
     name = "gpu"
 
     def __init__(self, index: IndexReader, device: str | None = None, memory_bytes: int | None = None,
-                 max_batch: int = 64, kernel: str = "auto", term_order: str = "auto", **options) -> None:
+                 max_batch: int = 64, kernel: str = "auto", term_order: str = "auto", topk: str = "blockmax",
+                 **options) -> None:
         super().__init__(index)
         if options:
             raise SearchError(f"unknown option(s) for the gpu backend: {', '.join(sorted(options))}")
         if term_order not in ("auto", "ascending"):
             raise SearchError(f"term_order must be 'auto' or 'ascending', got {term_order!r}")
+        if topk not in TOPK_METHODS:
+            raise SearchError(f"topk must be one of {', '.join(TOPK_METHODS)}, got {topk!r}")
+        self.topk = topk
         self.device = _resolve_device(device)
         self.kernel = self._pick_kernel(kernel)
         self.term_order = term_order
@@ -155,6 +159,7 @@ class GpuBackend(Backend):
     def describe(self) -> dict:
         p = self.plan
         return {"backend": self.name, "device": str(self.device), "kernel": self.kernel, "term_order": self.term_order,
+                "topk": self.topk,
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
                 "resident_shards": len(p.resident), "streamed_shards": len(p.streamed),
                 "resident_shard_bytes": p.resident_bytes, "staging_bytes": p.staging_bytes,
@@ -190,7 +195,7 @@ class GpuBackend(Backend):
                 if times is not None:
                     self._sync()
                     t1 = time.perf_counter()
-                tops = select_topk(acc, k)
+                tops = select_topk(acc, k, self.topk)
                 if times is not None:
                     t2 = time.perf_counter()
                     times.relevancy += t1 - t0
@@ -198,6 +203,24 @@ class GpuBackend(Backend):
                 for i, t in zip(idx, tops):
                     results[i] = t
         return results
+
+    def matched_counts(self, queries: list[QueryTerms], k1: float, b: float) -> np.ndarray:
+        """Number of documents each query matches (its nonzero accumulator cells): top-k input size."""
+        out = []
+        with self._on_device():
+            cache = self._cache(k1, b)[1]
+            for c in range(0, len(queries), self.plan.rows):
+                acc = self.accumulate(queries[c:c + self.plan.rows], cache, 0.0)
+                out.append((acc != 0).sum(dim=1).cpu().numpy())
+                acc.zero_()
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def device_arrays(self) -> dict:
+        """The device arena (read-only use): postings, blk_id, blk_start, norms, each shard's base offsets into
+        them (resident shards only) and the item planner, for baselines that want the data without a 2nd copy."""
+        return {"postings": self._post, "blk_id": self._bid, "blk_start": self._bst, "norms": self._norms,
+                "posting_base": self._pbase, "entry_base": self._ebase, "resident": self.plan.resident,
+                "planner": self._planner}
 
     def _sync(self) -> None:
         if self._cuda:

@@ -1,8 +1,13 @@
 """Exact top-k of accumulator rows on the device, with the ranking rule of ``FORMAT.md``.
 
-``torch.topk`` finds each row's k-th largest f32 score but breaks ties arbitrarily, so it is used only for
-that threshold: every doc scoring at least the threshold (ties included) becomes a candidate, and the
-candidates are sorted by (row, score desc, docid asc) on the device. The host then keeps each row's first k.
+First a threshold per row that at least k matched documents reach, then every doc scoring at least that
+threshold (ties included) becomes a candidate, and the candidates are sorted by (row, score desc, docid asc)
+on the device; the host keeps each row's first k. Two ways to get the threshold:
+- ``topk``: the row's exact k-th largest f32 score, from ``torch.topk`` (whose tie order is arbitrary, hence
+  only its value is used);
+- ``blockmax``: the k-th largest of the maxima of groups of ``GROUP`` consecutive docs. At least k groups,
+  so at least k docs, reach it, so it is <= the k-th score: a lower bound found in a 1/GROUP-sized array.
+  Candidates are then at most GROUP times the number of groups reaching it (plus ties).
 """
 from __future__ import annotations
 
@@ -12,14 +17,27 @@ import torch
 from ragserve.searcher import TopK
 
 _TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
+GROUP = 32
+METHODS = ("blockmax", "topk")
 
 
-def select_topk(acc: torch.Tensor, k: int) -> list[TopK]:
+def _threshold(scores: torch.Tensor, k: int, method: str) -> torch.Tensor:
+    rows, num_docs = scores.shape
+    if method == "blockmax" and num_docs >= GROUP * k:
+        full = num_docs // GROUP * GROUP
+        maxima = scores[:, :full].view(rows, -1, GROUP).amax(dim=2)
+        if full < num_docs:
+            maxima = torch.cat((maxima, scores[:, full:].amax(dim=1, keepdim=True)), dim=1)
+        return torch.topk(maxima, k, dim=1, largest=True, sorted=False).values.min(dim=1).values
+    return torch.topk(scores, min(k, num_docs), dim=1, largest=True, sorted=False).values.min(dim=1).values
+
+
+def select_topk(acc: torch.Tensor, k: int, method: str = "blockmax") -> list[TopK]:
     """Top-k of each row of ``acc`` (f64 sums, 0 = doc not matched), best first; zeroes ``acc`` for reuse."""
     rows, num_docs = acc.shape
     scores = acc.to(torch.float32)
     acc.zero_()
-    kth = torch.topk(scores, min(k, num_docs), dim=1, largest=True, sorted=False).values.min(dim=1).values
+    kth = _threshold(scores, k, method)
     # Only matched docs (score > 0) rank; a row with fewer than k of them keeps them all.
     r, d = (scores >= kth.clamp_min(_TINY)[:, None]).nonzero(as_tuple=True)  # row-major, docid ascending
     bits = scores[r, d].view(torch.int32).long()

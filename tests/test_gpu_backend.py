@@ -1,0 +1,224 @@
+"""The gpu backend returns exactly the cpu backend's top-k (ids and score bits), on torch's CPU device here and on
+CUDA when present (tests marked ``gpu``); memory planning, staging, bounds and errors."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from indexer.reader import IndexReader
+from indexer.writer import BuildOptions, build_index_from_documents
+from ragserve.backends.cpu import CpuBackend
+from ragserve.backends.gpu import GpuBackend
+from ragserve.backends.gpu_kernels import triton_available
+from ragserve.backends.gpu_plan import MemoryPlanError, plan_memory
+from ragserve.searcher import SearchError, Searcher, resolve_backend_name
+from tests.conftest import shared
+
+KS = (1, 10, 100, 1000)
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
+
+
+def same(a, b) -> bool:
+    return np.array_equal(a.docids, b.docids) and np.array_equal(a.scores.view(np.int32), b.scores.view(np.int32))
+
+
+def assert_parity(gpu: GpuBackend, cpu: CpuBackend, queries, k: int, k1: float = 0.9, b: float = 0.4) -> None:
+    want = cpu.search_terms(queries, k, k1, b)
+    got = gpu.search_terms(queries, k, k1, b)
+    bad = [i for i, (x, y) in enumerate(zip(got, want)) if not same(x, y)]
+    assert not bad, f"{len(bad)} of {len(queries)} queries differ at k={k}, first: query {bad[0]}"
+    assert sum(len(r.docids) for r in got) > 0
+
+
+@pytest.fixture(scope="module")
+def arguana(arguana_index, arguana_queries):
+    reader = IndexReader(arguana_index)
+    s = Searcher(reader, backend="cpu", threads=1)
+    analysed = [s.analyze(q.text) for q in arguana_queries]
+    assert len(reader.shards) > 1  # the fixture's small banks make several shards and blocks
+    return reader, s.backend, [a for a in analysed if len(a)]
+
+
+@pytest.fixture(scope="module")
+def hotpot(hotpot_index):
+    reader = IndexReader(hotpot_index)
+    s = Searcher(reader, backend="cpu", threads=1)
+    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
+        questions = [json.loads(line)["question_text"] for line in f]
+    assert len(questions) == 500
+    return reader, s.backend, [s.analyze(q) for q in questions]
+
+
+@pytest.fixture(scope="module")
+def arguana_gpu(arguana):
+    return GpuBackend(arguana[0], device="cpu", max_batch=32)
+
+
+@pytest.fixture(scope="module")
+def hotpot_gpu(hotpot):
+    return GpuBackend(hotpot[0], device="cpu", max_batch=128)
+
+
+# ArguAna queries are whole arguments (~100 distinct terms, ~150k postings each): a sample keeps CI fast.
+@pytest.mark.parametrize("k", KS)
+def test_parity_arguana(arguana, arguana_gpu, k):
+    _, cpu, queries = arguana
+    assert_parity(arguana_gpu, cpu, queries[::25], k)
+
+
+@pytest.mark.parametrize("k", KS)
+def test_parity_hotpot(hotpot, hotpot_gpu, k):
+    _, cpu, queries = hotpot
+    assert_parity(hotpot_gpu, cpu, queries, k)
+
+
+def test_parity_ascending_term_order(arguana, hotpot):
+    """Per-term launches in ascending term id (the canonical order when f64 sums are not provably exact)."""
+    for (reader, cpu, queries), step in ((arguana, 200), (hotpot, 5)):
+        g = GpuBackend(reader, device="cpu", term_order="ascending")
+        assert_parity(g, cpu, queries[::step], 100)
+
+
+@pytest.mark.parametrize("k", (1, 100))
+def test_parity_exact_kth_threshold(hotpot, k):
+    """The other threshold method (torch.topk's k-th value) gives the same top-k."""
+    reader, cpu, queries = hotpot
+    assert_parity(GpuBackend(reader, device="cpu", topk="topk"), cpu, queries[::3], k)
+
+
+def test_parity_other_bm25_parameters(hotpot, hotpot_gpu):
+    _, cpu, queries = hotpot
+    assert_parity(hotpot_gpu, cpu, queries[::4], 100, k1=1.2, b=0.75)
+
+
+def test_streamed_shards_give_the_same_results(arguana, hotpot):
+    """A budget too small for every shard: the rest are staged per batch, results unchanged."""
+    for (reader, cpu, queries), step in ((arguana, 100), (hotpot, 10)):
+        sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in reader.shards]
+        full = plan_memory(reader.num_docs, sizes, 1 << 40, 1)
+        budget = full.total_bytes - 1  # one row short of holding every shard: the planner must stream
+        g = GpuBackend(reader, device="cpu", memory_bytes=budget, max_batch=4)
+        d = g.describe()
+        assert d["streamed_shards"] >= 1 and d["total_bytes"] <= budget
+        assert d["index_bytes_on_device"] == d["norms_bytes"] + d["resident_shard_bytes"] + d["staging_bytes"]
+        assert_parity(g, cpu, queries[::step], 10)
+
+
+def test_memory_plan_error_is_clear(arguana):
+    reader = arguana[0]
+    with pytest.raises(MemoryPlanError, match="needs at least .* bytes of device memory"):
+        GpuBackend(reader, device="cpu", memory_bytes=1000)
+    assert issubclass(MemoryPlanError, SearchError)
+
+
+def test_plan_memory_placement():
+    # 1000 docs: a row is 19,000 bytes; three shards of 4,000 + 8 * 11 bytes each.
+    shards = [(1000, 10), (1000, 10), (1000, 10)]
+    p = plan_memory(1000, shards, 10**9, 8)
+    assert p.resident == (0, 1, 2) and p.streamed == () and p.rows == 8 and p.staging_bytes == 0
+    shard = 4 * 1000 + 8 * 11
+    budget = 1000 + 19_000 + shard + shard + 100  # norms, a row, staging, one resident shard
+    p = plan_memory(1000, shards, budget, 8)
+    assert p.resident == (0,) and p.streamed == (1, 2) and p.rows == 1
+    assert p.total_bytes <= budget and p.index_bytes == 1000 + 2 * shard
+    with pytest.raises(MemoryPlanError):
+        plan_memory(1000, shards, 1000 + 19_000 + shard - 1, 8)
+
+
+def test_k_bounds_and_empty_results(hotpot):
+    reader = hotpot[0]
+    s = Searcher(reader, backend="gpu", device="cpu")
+    for bad in (0, -1, 10_001):
+        with pytest.raises(SearchError):
+            s.search("paris", k=bad)
+    assert s.search("the of and", k=10) == []  # stopwords only: no term
+    assert s.search("qqqzzzxxyy", k=10) == []  # unknown term
+    everything = s.search("the city of paris", k=10_000, with_text=False)
+    assert 0 < len(everything) < 10_000  # fewer matches than k: all of them, nothing unmatched
+    assert all(h.score > 0 for h in everything)
+    cpu = Searcher(reader, backend="cpu").search("the city of paris", k=10_000, with_text=False)
+    assert [(h.docid, h.score) for h in everything] == [(h.docid, h.score) for h in cpu]
+
+
+@dataclass
+class _Doc:
+    id: str
+    title: str
+    text: str
+
+
+def test_ties_break_by_docid_across_k(tmp_path):
+    """Many equal scores around the k-th place: ties go to the lower docid, across blocks and shards."""
+    docs = [_Doc(f"d{i}", "", ["apple banana", "cherry", "apple", "banana cherry apple"][i % 4]) for i in range(400)]
+    build_index_from_documents(docs, tmp_path / "idx", BuildOptions(block_size=16, bank_bytes=2048, progress=False))
+    reader = IndexReader(tmp_path / "idx")
+    s = Searcher(reader, backend="cpu")
+    q = s.analyze("apple banana")
+    for method in ("blockmax", "topk"):
+        g = GpuBackend(reader, device="cpu", topk=method)
+        for k in (1, 7, 100, 150, 250, 400):
+            got = g.search_terms([q], k, reader.k1, reader.b)[0]
+            assert same(got, s.backend.search_terms([q], k, reader.k1, reader.b)[0])
+            order = np.lexsort((got.docids, -got.scores.astype(np.float64)))
+            assert np.array_equal(order, np.arange(got.docids.size))
+        assert len(g.search_terms([q], 400, reader.k1, reader.b)[0].docids) == 300  # docs without either term: none
+
+
+def test_options_and_devices(hotpot):
+    reader = hotpot[0]
+    with pytest.raises(SearchError, match="unknown option"):
+        GpuBackend(reader, device="cpu", colour="blue")
+    with pytest.raises(SearchError):
+        GpuBackend(reader, device="tpu")
+    with pytest.raises(SearchError):
+        GpuBackend(reader, device="cpu", term_order="random")
+    with pytest.raises(SearchError):
+        GpuBackend(reader, device="cpu", kernel="cuda-magic")
+    with pytest.raises(SearchError):
+        GpuBackend(reader, device="cpu", topk="sort")
+    d = GpuBackend(reader, device="cpu").describe()
+    assert d["device"] == "cpu" and d["kernel"] == "torch" and d["streamed_shards"] == 0
+
+
+@pytest.mark.skipif(CUDA, reason="checks the behaviour without CUDA")
+def test_unavailable_without_cuda(hotpot):
+    ok, why = GpuBackend.is_available()
+    assert not ok and "CUDA" in why
+    assert resolve_backend_name("auto") == "cpu"
+    with pytest.raises(SearchError, match="no CUDA device"):
+        GpuBackend(hotpot[0])  # the default device is CUDA
+
+
+# ---- CUDA ---------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("term_order", ["auto", "ascending"])
+@pytest.mark.parametrize("kernel", ["triton", "torch"])
+def test_cuda_parity(arguana, hotpot, kernel, term_order):
+    if kernel == "triton" and not triton_available():
+        pytest.skip("triton is not installed")
+    before = torch.cuda.current_device()
+    for reader, cpu, queries in (arguana, hotpot):
+        g = GpuBackend(reader, device=f"cuda:{torch.cuda.device_count() - 1}", kernel=kernel, term_order=term_order)
+        assert g.describe()["kernel"] == kernel
+        for k in KS:
+            assert_parity(g, cpu, queries if term_order == "auto" else queries[::10], k)
+        g.close()
+    assert torch.cuda.current_device() == before  # no global device switch
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_streaming_and_auto(arguana):
+    reader, cpu, queries = arguana
+    sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in reader.shards]
+    budget = plan_memory(reader.num_docs, sizes, 1 << 40, 1).total_bytes - 1
+    g = GpuBackend(reader, memory_bytes=budget, max_batch=8)
+    assert g.describe()["streamed_shards"] >= 1
+    assert_parity(g, cpu, queries[::5], 100)
+    assert resolve_backend_name("auto") == "gpu"
