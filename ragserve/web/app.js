@@ -106,6 +106,10 @@ function describeStep(step) {
   if (step.query) parts.push("query: " + step.query);
   if (step.text) parts.push(String(step.text));
   if (Array.isArray(step.hits)) parts.push(`${step.hits.length} passages: ` + step.hits.map((h) => h.id).join(", "));
+  if (step.trigger) {
+    const fmt = (v) => (typeof v === "number" ? Number(v.toPrecision(3)) : JSON.stringify(v));
+    parts.push("trigger: " + Object.entries(step.trigger).map(([k, v]) => `${k}=${fmt(v)}`).join(" · "));
+  }
   if (step.times) {
     parts.push(Object.entries(step.times).map(([k, v]) => `${k} ${fmtSeconds(v)}`).join(" · "));
   } else if (typeof step.seconds === "number") {
@@ -160,7 +164,8 @@ $("ask-form").addEventListener("submit", async (ev) => {
   $("steps").replaceChildren();
   $("passages").replaceChildren();
   try {
-    const body = { question: $("question").value, method: $("method").value, stream: true };
+    const body = { question: $("question").value, method: $("method").value, stream: true,
+                   options: { k: Number($("ask-k").value) } };
     const resp = await fetch("/v1/answer", { method: "POST", headers: headers(true), body: JSON.stringify(body) });
     if (!resp.ok) {
       $("ask-output").hidden = true;
