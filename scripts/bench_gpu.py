@@ -111,24 +111,33 @@ def percentile(x, p: float) -> float:
     return float(np.percentile(np.asarray(x, dtype=np.float64), p)) if len(x) else float("nan")
 
 
-def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, device: torch.device) -> dict:
-    out: dict = {"corpus": name, "index": str(index_dir), "topics": str(topics)}
+def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, device: torch.device, out: dict,
+                 save) -> None:
+    """Fill ``out`` (already in the report) with this corpus' measurements, saving after each k."""
+    out.update({"corpus": name, "index": str(index_dir), "topics": str(topics)})
     reader = IndexReader(index_dir)
     m = reader.manifest
     out["stats"] = {k: m["stats"][k] for k in ("num_docs", "num_postings", "vocab_size")}
     out["shards"] = len(m["shards"])
-    searcher = Searcher(reader, backend="cpu", threads=os.cpu_count())
     k1, b = reader.k1, reader.b
+    t = time.time()
+    searcher = Searcher(reader, backend="gpu", device=str(device), max_batch=args.batch, kernel=args.kernel)
+    g: GpuBackend = searcher.backend
+    out["gpu_load_s"] = round(time.time() - t, 2)
+    out["gpu_describe"] = g.describe()
+    log(f"gpu backend loaded in {out['gpu_load_s']}s: {g.describe()}")
+    try:  # the cpu backend needs numba; keep the gpu numbers if it cannot load
+        from ragserve.backends.cpu import CpuBackend
+
+        cpu = CpuBackend(reader, threads=os.cpu_count())
+    except Exception as e:
+        cpu = None
+        out["cpu_error"] = f"{type(e).__name__}: {e}"
+        log(f"cpu backend unavailable: {out['cpu_error']}")
     texts = [q.text for q in read_queries(topics)]
     analysed = [a for a in (searcher.analyze(t) for t in texts) if len(a)]
     out["queries"] = len(analysed)
     log(f"{name}: {m['stats']['num_docs']:,} docs, {m['stats']['num_postings']:,} postings, {len(analysed)} queries")
-
-    t = time.time()
-    g = GpuBackend(reader, device=str(device), max_batch=args.batch)
-    out["gpu_load_s"] = round(time.time() - t, 2)
-    out["gpu_describe"] = g.describe()
-    log(f"gpu backend loaded in {out['gpu_load_s']}s: {g.describe()}")
     planner = g.device_arrays()["planner"]
     n_single = min(args.single, len(analysed))
     sample = analysed[:n_single]
@@ -136,12 +145,14 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
     matched = g.matched_counts(sample, k1, b)
     out["postings_per_query"] = {"p50": percentile(postings, 50), "p90": percentile(postings, 90),
                                  "max": int(postings.max()) if postings.size else 0}
+    out["matched_per_query_p50"] = percentile(matched, 50)
     large = postings >= np.percentile(postings, 90) if postings.size else np.zeros(0, bool)
 
     def floor_bytes(k: int) -> np.ndarray:
         return 21 * postings + 8 * matched + 12 * np.minimum(k, matched)
 
     res: dict = {}
+    out["results"] = res
     for k in args.ks:
         fb = floor_bytes(k)
         r: dict = {"k": k, "floor_ms_p50": percentile(fb / bw * 1e3, 50)}
@@ -170,7 +181,9 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
         # stage split: one batch, and single queries (synchronised between the stages)
         kt = KernelTimes()
         g.search_terms(analysed[:args.batch], k, k1, b, kt)
-        r["gpu"]["batch_stage_s"] = {"scoring": kt.relevancy, "topk": kt.topk}
+        bp = planner.items(analysed[:args.batch]).postings
+        r["gpu"]["batch_stage_s"] = {"scoring": kt.relevancy, "topk": kt.topk, "postings": bp,
+                                     "scoring_Gpostings_per_s": bp / kt.relevancy / 1e9 if kt.relevancy else None}
         kt = KernelTimes()
         for q in sample[:100]:
             g.search_terms([q], k, k1, b, kt)
@@ -210,41 +223,39 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
                       "batch_qps": nn / lat_n.sum() if nn else float("nan")}
         del naive
         # cpu
-        nc = min(args.cpu_n, len(analysed))
-        cpu = searcher.backend
-        cpu.search_terms([analysed[0]], k, k1, b)
-        lat_c = []
-        for q in analysed[:nc]:
+        if cpu is not None:
+            nc = min(args.cpu_n, len(analysed))
+            cpu.search_terms([analysed[0]], k, k1, b)
+            lat_c = []
+            for q in analysed[:nc]:
+                t = time.perf_counter()
+                cpu.search_terms([q], k, k1, b)
+                lat_c.append(time.perf_counter() - t)
+            lat_c = np.array(lat_c)
             t = time.perf_counter()
-            cpu.search_terms([q], k, k1, b)
-            lat_c.append(time.perf_counter() - t)
-        lat_c = np.array(lat_c)
-        t = time.perf_counter()
-        cres = cpu.search_terms(analysed[:nc], k, k1, b)
-        dtc = time.perf_counter() - t
-        mc = min(nc, n_single)
-        ratio_c = lat_c[:mc] / (fb[:mc] / bw)
-        r["cpu"] = {"n": nc, "threads": cpu.threads, "p50_ms": percentile(lat_c * 1e3, 50),
-                    "p99_ms": percentile(lat_c * 1e3, 99), "floor_ratio_p50": percentile(ratio_c, 50),
-                    "batch_qps": nc / dtc}
-        same = [np.array_equal(x.docids, y.docids) and np.array_equal(x.scores.view(np.int32), y.scores.view(np.int32))
-                for x, y in zip(gres, cres)]
-        mism = len(same) - sum(same)
-        r["parity"] = {"compared": len(same), "mismatches": mism}
-        r["speedup_batch_vs_cpu"] = r["gpu"]["batch_qps"] / r["cpu"]["batch_qps"]
-        log(f"{name} k={k} naive p50 {r['naive']['p50_ms']:.3f} ms (floor x{r['naive']['floor_ratio_p50']:.1f}); "
-            f"cpu p50 {r['cpu']['p50_ms']:.3f} ms, {r['cpu']['batch_qps']:.1f} q/s on {nc}; "
-            f"gpu/cpu batch x{r['speedup_batch_vs_cpu']:.1f}; parity mismatches {mism}/{len(same)}")
+            cres = cpu.search_terms(analysed[:nc], k, k1, b)
+            dtc = time.perf_counter() - t
+            mc = min(nc, n_single)
+            ratio_c = lat_c[:mc] / (fb[:mc] / bw)
+            r["cpu"] = {"n": nc, "threads": cpu.threads, "p50_ms": percentile(lat_c * 1e3, 50),
+                        "p99_ms": percentile(lat_c * 1e3, 99), "floor_ratio_p50": percentile(ratio_c, 50),
+                        "batch_qps": nc / dtc}
+            same = [np.array_equal(x.docids, y.docids) and np.array_equal(x.scores.view(np.int32), y.scores.view(np.int32))
+                    for x, y in zip(gres, cres)]
+            r["parity"] = {"compared": len(same), "mismatches": len(same) - sum(same)}
+            r["speedup_batch_vs_cpu"] = r["gpu"]["batch_qps"] / r["cpu"]["batch_qps"]
+            log(f"{name} k={k} cpu p50 {r['cpu']['p50_ms']:.3f} ms, {r['cpu']['batch_qps']:.1f} q/s on {nc}; "
+                f"gpu/cpu batch x{r['speedup_batch_vs_cpu']:.1f}; parity mismatches {r['parity']['mismatches']}/{len(same)}")
+        log(f"{name} k={k} naive p50 {r['naive']['p50_ms']:.3f} ms (floor x{r['naive']['floor_ratio_p50']:.1f})")
         res[str(k)] = r
+        save()
         if time.time() - T0 > args.deadline_s:
             log("deadline reached: skipping the remaining k values")
             break
-    out["results"] = res
-    g.close()
-    del g
+    searcher.close()
+    del g, searcher
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return out
 
 
 def table(report: dict) -> str:
@@ -253,12 +264,15 @@ def table(report: dict) -> str:
     for c in report["corpora"]:
         for k, r in c.get("results", {}).items():
             for e in ("gpu", "naive", "cpu"):
+                if e not in r:
+                    continue
                 x = r[e]
                 rows.append(f"{c['corpus']:<24}{k:>6}{e:>8}{x['p50_ms']:>10.3f}{x['p99_ms']:>10.3f}"
                             f"{x.get('floor_ratio_p50', float('nan')):>8.2f}{x.get('floor_ratio_large_p50', float('nan')):>8.2f}"
                             f"{x['batch_qps']:>10.1f}")
-            rows.append(f"{'':<24}{'':>6}  parity {r['parity']['mismatches']}/{r['parity']['compared']} mismatches, "
-                        f"gpu/cpu batch x{r['speedup_batch_vs_cpu']:.1f}")
+            if "parity" in r:
+                rows.append(f"{'':<24}{'':>6}  parity {r['parity']['mismatches']}/{r['parity']['compared']} mismatches, "
+                            f"gpu/cpu batch x{r['speedup_batch_vs_cpu']:.1f}")
     return "\n".join(rows)
 
 
@@ -278,6 +292,7 @@ def main() -> int:
     ap.add_argument("--cpu-n", type=int, default=200, help="queries for the cpu backend (latency, throughput, parity)")
     ap.add_argument("--naive-n", type=int, default=100)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--kernel", default="auto", choices=("auto", "triton", "torch"))
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new work after this many seconds")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
@@ -317,12 +332,14 @@ def main() -> int:
             log(f"deadline reached: {name} not run")
             report["corpora"].append({"corpus": name, "skipped": "deadline"})
             continue
+        entry: dict = {"corpus": name}
+        report["corpora"].append(entry)
         try:
-            report["corpora"].append(bench_corpus(name, idx, topics, args, bw, device))
+            bench_corpus(name, idx, topics, args, bw, device, entry, save)
         except Exception as e:  # keep the other corpora's numbers
             log(f"{name} FAILED: {type(e).__name__}: {e}")
             traceback.print_exc()
-            report["corpora"].append({"corpus": name, "error": f"{type(e).__name__}: {e}"})
+            entry["error"] = f"{type(e).__name__}: {e}"
         save()
     save()
     print(table(report))

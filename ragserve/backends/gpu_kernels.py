@@ -88,7 +88,8 @@ if triton is not None:
         nrm = tl.load(norms + doc, mask=m, other=0).to(tl.int32)
         c = tl.load(cache + nrm, mask=m, other=0.0)
         q = tf.to(tl.float32) * c
-        s = w - tl.math.div_rn(w, 1.0 + q)
+        wv = tl.zeros([CHUNK_], dtype=tl.float32) + w
+        s = wv - tl.math.div_rn(wv, 1.0 + q)
         ptr = acc + rowoff + doc
         if ATOMIC:
             tl.atomic_add(ptr, s.to(tl.float64), mask=m, sem="relaxed")
