@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ragserve.cli import main
-from ragserve.corpora import RecipeError, fetch, get_recipe, parse_recipe, recipes
+from ragserve.recipes import RecipeError, fetch, get_recipe, parse_recipe, recipes
 from ragserve.fetch import FetchError, download
 
 PAYLOAD = bytes(range(256)) * 4000  # 1,024,000 bytes, one read chunk is 1 MiB

@@ -8,7 +8,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ragserve.cli import CliError
-from ragserve.corpora import FetchError, RecipeError, fetch, get_recipe, recipes
+from ragserve.recipes import FetchError, RecipeError, fetch, get_recipe, recipes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,12 +8,15 @@ or null. ``fetch`` downloads every file with ``ragserve.fetch.download`` and unp
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ragserve.fetch import FetchError, ProgressFactory, download, file_digest, unzip
 
-RECIPE_DIR = Path(__file__).resolve().parent
+# Recipes live in the checkout's top-level corpora/ folder (ragserve is installed from a checkout, editable);
+# RAGSERVE_CORPORA points elsewhere.
+RECIPE_DIR = Path(os.environ.get("RAGSERVE_CORPORA") or Path(__file__).resolve().parents[1] / "corpora")
 
 
 class RecipeError(ValueError):
