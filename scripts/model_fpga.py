@@ -88,7 +88,7 @@ def corpora(work: Path, synth_docs: int, cus: int) -> list[Corpus]:
         default = ensure_index(inputs, work / f"{name}.idx")
         out.append(Corpus(f"{name} (default layout)", default, texts))
         spread = ensure_index(inputs, work / f"{name}.{cus}cu.idx", **spread_layout(default, cus))
-        out.append(Corpus(f"{name} (~{cus} shards)", spread, texts))
+        out.append(Corpus(f"{name} (spread layout)", spread, texts))
     return out
 
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synth-docs", type=int, default=1_000_000)
     ap.add_argument("--k", type=int, nargs="+", default=[10, 1000], help="k values for CPU timing (model: first)")
     ap.add_argument("--batch", type=int, default=32, help="queries per kernel launch")
-    ap.add_argument("--cus", type=int, default=8, help="target shard (CU) count of the spread layouts")
+    ap.add_argument("--cus", type=int, default=8, help="about how many shards (CUs) the spread layouts aim at")
     ap.add_argument("--out", type=Path, help="write the markdown table here too")
     args = ap.parse_args(argv)
     p = M.KernelParams()
