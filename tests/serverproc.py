@@ -1,6 +1,7 @@
 """Run ``ragserve serve`` as a real process on a free loopback port, for the server tests."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -97,3 +98,14 @@ def start_model_server(*extra: str) -> ServerProcess:
                         "--device", "cpu", *extra)
     srv.wait_ready()
     return srv
+
+
+def run_load_test(*args: str, timeout: float = 120.0) -> dict:
+    """``scripts/load_test.py ARGS --json``: its summary (the script exits 1 on any error)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "load_test.py"
+    r = subprocess.run([sys.executable, str(script), *args, "--json"], capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.stdout.strip(), r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    summary["exit"] = r.returncode
+    return summary

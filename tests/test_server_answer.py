@@ -17,7 +17,7 @@ from ragserve.rag.methods import METHOD_NAMES, build_method
 from ragserve.rag.prompts import PromptBuilder, load_exemplars
 from ragserve.searcher import Searcher
 from tests import rag_support
-from tests.serverproc import start_model_server, wait_until
+from tests.serverproc import run_load_test, start_model_server, wait_until
 
 MAX_NEW = 48
 PENDING = 3
@@ -226,6 +226,14 @@ def test_metrics_cover_generation(server):
     assert 'ragserve_http_requests_total{endpoint="/v1/answer",method="POST",status="503"}' in text
     assert wait_until(lambda: "ragserve_generation_queue_depth 0.0" in
                       requests.get(server.url + "/metrics", timeout=10).text, 30)
+
+
+def test_short_answer_load_has_no_errors(server, tmp_path):
+    questions = tmp_path / "questions.txt"
+    questions.write_text("\n".join(QUESTIONS) + "\n")
+    s = run_load_test("--url", server.url, "--endpoint", "answer", "--queries", str(questions), "--clients",
+                      str(PENDING - 1), "--duration", "3", "--options", json.dumps(SMALL))
+    assert s["exit"] == 0 and s["errors"] == 0 and s["requests"] >= PENDING - 1, s
 
 
 def test_sigterm_lets_a_running_answer_finish(server):

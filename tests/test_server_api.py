@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from ragserve.searcher import Searcher
-from tests.serverproc import ServerProcess
+from tests.serverproc import ServerProcess, run_load_test
 
 MAX_QUERY_CHARS = 300
 MAX_BATCH = 8
@@ -192,6 +192,15 @@ def test_metrics_count_requests_and_stage_times(server):
     assert after["ragserve_retrieval_seconds_count"] >= 3
     assert after["ragserve_index_documents"] == 8674
     assert after["ragserve_http_requests_in_flight"] == 1  # this /metrics request itself
+
+
+def test_short_load_test_has_no_errors(server):
+    from tests.conftest import shared
+
+    s = run_load_test("--url", server.url, "--queries", str(shared("beir-arguana", "queries.jsonl.gz")),
+                      "--truncate", str(MAX_QUERY_CHARS), "--clients", "8", "--duration", "3", "--k", "10")
+    assert s["exit"] == 0 and s["errors"] == 0 and s["requests"] >= 8, s
+    assert 0 < s["p50_ms"] <= s["p99_ms"] <= s["max_ms"]
 
 
 # -- bad input: a 4xx naming the field, never a 5xx --------------------------------------------------
