@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from flask import Flask, Response, g, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -17,47 +17,18 @@ from ragserve.server.errors import ApiError
 from ragserve.server.metrics import ServerMetrics
 from ragserve.server.search_service import SearchService
 from ragserve.server.validation import DEFAULT_METHOD, answer_request, parse_json_object, search_request
-from ragserve.server.wsgi import ClosingIterable
+from ragserve.server.wsgi import ENDPOINT_KEY, RequestMetrics
+
+if TYPE_CHECKING:  # the answer service imports torch; a search-only server never loads it
+    from ragserve.server.answering import AnswerService
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 OPEN_ENDPOINTS = {"healthz", "page", "static"}  # no token needed: liveness, and the page (it asks for the token)
-ENDPOINT_KEY = "ragserve.endpoint"  # the matched URL rule, left in the WSGI environ for RequestMetrics
 log = logging.getLogger("ragserve.server")
 
 
-class RequestMetrics:
-    """Counts and times every request at the WSGI layer, until its body is closed (so a stream's latency
-    runs to its last event, and static files, which bypass flask's close hooks, are counted too)."""
-
-    def __init__(self, wsgi_app: Callable, metrics: ServerMetrics) -> None:
-        self.wsgi_app = wsgi_app
-        self.metrics = metrics
-
-    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        t0 = time.perf_counter()
-        m = self.metrics
-        m.in_flight.add(1)
-        status = ["500"]
-
-        def capture(s: str, headers: list, exc_info=None):
-            status[0] = s.split(" ", 1)[0]
-            return start_response(s, headers, exc_info) if exc_info else start_response(s, headers)
-
-        def record() -> None:
-            m.in_flight.add(-1)
-            endpoint = environ.get(ENDPOINT_KEY, "unmatched")
-            m.requests.inc(endpoint=endpoint, method=environ.get("REQUEST_METHOD", ""), status=status[0])
-            m.latency.observe(time.perf_counter() - t0, endpoint=endpoint)
-
-        try:
-            body = self.wsgi_app(environ, capture)
-        except BaseException:
-            record()
-            raise
-        return ClosingIterable(body, record)
-
-
-def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: ServerMetrics | None = None,
+def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService | None = None,
+               metrics: ServerMetrics | None = None,
                search_slots: int = 1) -> Flask:
     """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503."""
     app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
@@ -68,8 +39,6 @@ def create_app(searcher: Searcher, config: ServerConfig, answers=None, metrics: 
     m.info.set(1, version=__version__, backend=searcher.backend_name,
                model=answers.model_name if answers is not None else "")
     m.docs.set(searcher.index.num_docs)
-    app.extensions["ragserve"] = {"searcher": searcher, "answers": answers, "metrics": m, "config": config}
-
     app.wsgi_app = RequestMetrics(app.wsgi_app, m)
 
     # -- request bookkeeping ------------------------------------------------------------------

@@ -1,7 +1,12 @@
-"""WSGI plumbing: run a callback when the server has finished sending a response (or gave up on it)."""
+"""WSGI plumbing: request metrics, and a callback when the server has finished sending a response."""
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable
+
+from ragserve.server.metrics import ServerMetrics
+
+ENDPOINT_KEY = "ragserve.endpoint"  # the app leaves the matched URL rule here for RequestMetrics
 
 
 class ClosingIterable:
@@ -23,3 +28,35 @@ class ClosingIterable:
                 self._body.close()
         finally:
             self._on_close()
+
+
+class RequestMetrics:
+    """Counts and times every request at the WSGI layer, until its body is closed (so a stream's latency
+    runs to its last event, and static files, which bypass flask's close hooks, are counted too)."""
+
+    def __init__(self, wsgi_app: Callable, metrics: ServerMetrics) -> None:
+        self.wsgi_app = wsgi_app
+        self.metrics = metrics
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        t0 = time.perf_counter()
+        m = self.metrics
+        m.in_flight.add(1)
+        status = ["500"]
+
+        def capture(s: str, headers: list, exc_info=None):
+            status[0] = s.split(" ", 1)[0]
+            return start_response(s, headers, exc_info) if exc_info else start_response(s, headers)
+
+        def record() -> None:
+            m.in_flight.add(-1)
+            endpoint = environ.get(ENDPOINT_KEY, "unmatched")
+            m.requests.inc(endpoint=endpoint, method=environ.get("REQUEST_METHOD", ""), status=status[0])
+            m.latency.observe(time.perf_counter() - t0, endpoint=endpoint)
+
+        try:
+            body = self.wsgi_app(environ, capture)
+        except BaseException:
+            record()
+            raise
+        return ClosingIterable(body, record)
