@@ -53,6 +53,8 @@ extern "C" {
 // One compute unit: the top-k of each of num_queries queries over one shard (one HBM bank).
 // Query q's terms are q_terms[q_off[q] .. q_off[q+1]), ascending term id, weights w = boost * idf (f32).
 // Results: out_docids/out_scores[q * k + j] for j < out_counts[q], best first (score desc, docid asc).
+// The host guarantees 1 <= k <= BM25_MAX_K, at most BM25_MAX_TERMS terms per query, and block_bits in
+// [BM25_MIN_BLOCK_BITS, BM25_MAX_BLOCK_BITS].
 void bm25_topk(const PostWord* postings, const NormWord* norms, const uint32_t* term_ptr,
                const uint32_t* blk_id, const uint32_t* blk_start, const float* cache, const uint32_t* q_off,
                const uint32_t* q_terms, const float* q_weights, uint32_t* out_docids, float* out_scores,
