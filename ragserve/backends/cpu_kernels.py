@@ -151,23 +151,35 @@ def kth_largest(acc, touched, n_touched, k):
 
 
 @njit(nogil=True, cache=True)
-def prune_candidates(acc, touched, n_touched, remaining_bound, threshold, cands):
-    """Candidates that can still reach ``threshold``, docid sorted; the others are zeroed in ``acc``.
+def prune_candidates(acc, src, n_src, remaining_bound, threshold, cands):
+    """Keep the docs of ``src`` that can still reach ``threshold`` (order kept); zero the others in ``acc``.
 
     Compared after rounding to f32, as final scores are: a doc whose f32 bound equals the threshold
     could still tie the k-th score and win on docid, so it stays.
     """
     th = np.float32(threshold)
     n = 0
-    for i in range(n_touched):
-        local = touched[i]
+    for i in range(n_src):
+        local = src[i]
         if np.float32(acc[local] + remaining_bound) >= th:
             cands[n] = local
             n += 1
         else:
             acc[local] = 0.0
-    cands[:n].sort()
     return n
+
+
+@njit(nogil=True, cache=True)
+def count_above(acc, touched, n_touched, bound, k):
+    """True when at least k touched docs have an f32 partial score strictly above f32(bound)."""
+    b = np.float32(bound)
+    c = 0
+    for i in range(n_touched):
+        if np.float32(acc[touched[i]]) > b:
+            c += 1
+            if c >= k:
+                return True
+    return False
 
 
 @njit(nogil=True, cache=True)
@@ -212,6 +224,7 @@ def search_shard(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, 
     n_t = 0
     i = 0
     switched = False
+    seen_bound = 0.0  # bounds of the terms scored so far: no partial score exceeds their sum
     one = np.empty(1, dtype=np.int64)
     while i < nq:
         if bounds[order[i]] == 0.0:
@@ -219,17 +232,19 @@ def search_shard(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, 
         one[0] = order[i]
         n_t = score_terms(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, block_size,
                           tf_bits, doc_start, acc, touched, n_t, one)
+        seen_bound += bounds[order[i]]
         i += 1
-        if i < nq and n_t >= k:
-            theta = kth_largest(acc, touched, n_t, k)
-            if np.float32(remaining[i - 1] * slack) < np.float32(theta):
+        # The k-th partial score is at most seen_bound, so it is only worth computing (O(touched)) when
+        # the unseen terms' bounds fall below that.
+        if i < nq and n_t >= k and remaining[i - 1] * slack < seen_bound:
+            if count_above(acc, touched, n_t, remaining[i - 1] * slack, k):
                 switched = True
                 break
     if not switched:
         return topk_and_reset(acc, touched, n_t, k, doc_start, out_docs, out_scores, np.float32(0.0))
     n_c = n_t
     view = touched
-    mask = np.uint32((1 << tf_bits) - 1)
+    is_sorted = False
     while i < nq and bounds[order[i]] > 0.0:
         theta = kth_largest(acc, view, n_c, k)
         n_c = prune_candidates(acc, view, n_c, remaining[i - 1] * slack, theta, cands)
@@ -238,6 +253,9 @@ def search_shard(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, 
         t = term_ids[j]
         n_post = np.int64(blk_start[term_ptr[t + 1]]) - np.int64(blk_start[term_ptr[t]])
         if n_c * 24 < n_post:
+            if not is_sorted:  # pruning keeps the order, so one sort serves every later term
+                cands[:n_c].sort()
+                is_sorted = True
             rescore_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, t, weights[j], block_size,
                                tf_bits, doc_start, acc, cands, n_c)
         else:
