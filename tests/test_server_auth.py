@@ -75,7 +75,7 @@ def test_non_loopback_bind_without_key_is_refused(arguana_index):
     (["--host", "192.0.2.10"], "non-loopback"),
     (["--index", "/nonexistent/index"], "no such index directory"),
     (["--max-k", "0"], "--max-k"),
-    (["--threads", "0"], "--threads"),
+    (["--threads", "4", "--max-pending-answers", "4"], "--threads"),
     (["--request-timeout", "0"], "request_timeout_s"),
     (["--port", "70000"], "--port"),
     (["--api-key", " "], "api_key"),

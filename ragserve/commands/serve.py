@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--api-key", metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' (default: ${ENV_API_KEY} if set)")
-    p.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
+    p.add_argument("--threads", type=int, default=16,
+                   help="HTTP worker threads (default 16); a waiting answer holds one, so keep it above "
+                        "--max-pending-answers")
     p.add_argument("--search-slots", type=int, default=0,
                    help="searches run at once (default: one per core for cpu, 1 for device backends)")
     gen = p.add_argument_group("generation (with --model)")
@@ -44,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     lim.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     lim.add_argument("--request-timeout", type=float, default=60.0,
                      help="seconds a request may wait for the backend or the generator, then 504 (default 60)")
-    lim.add_argument("--max-pending-answers", type=int, default=16,
-                     help="answers queued or running on the generator before 503 (default 16)")
+    lim.add_argument("--max-pending-answers", type=int, default=8,
+                     help="answers queued or running on the generator before 503 (default 8)")
     lim.add_argument("--shutdown-grace", type=float, default=30.0,
                      help="seconds to finish in-flight requests after SIGTERM (default 30)")
     p.set_defaults(func=run)
@@ -57,8 +59,10 @@ def _config(args: argparse.Namespace):
 
     if not 1 <= args.max_k <= MAX_K:
         raise CliError(f"--max-k must be between 1 and {MAX_K}, got {args.max_k}")
-    if args.threads < 1:
-        raise CliError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads <= args.max_pending_answers:
+        # Each queued answer holds an HTTP thread while it waits; searches must still find a free one.
+        raise CliError(f"--threads ({args.threads}) must be larger than --max-pending-answers "
+                       f"({args.max_pending_answers})")
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     if args.search_slots < 0 or args.shutdown_grace < 0:

@@ -11,7 +11,7 @@ class ServerConfig:
     max_k: int = 100  # largest k a client may ask for
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
     request_timeout_s: float = 60.0  # waiting for the search backend or the generator, then 504
-    max_pending_answers: int = 16  # answers queued or running on the generator; more get 503
+    max_pending_answers: int = 8  # answers queued or running on the generator; more get 503
     api_key: str | None = None  # when set, every endpoint but /healthz and the page needs "Bearer <key>"
     sse_keepalive_s: float = 15.0  # comment line sent on an idle event stream so proxies keep it open
 
