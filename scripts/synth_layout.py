@@ -356,7 +356,7 @@ def map_queries(synth_dir: Path, reference_dir: Path, topics: Path, limit: int =
     ref = IndexReader(reference_dir)
     syn_df = np.asarray(syn.df).astype(np.int64)
     by_df = np.argsort(syn_df, kind="stable")  # term ids, df ascending
-    sorted_df = syn_df[by_df]
+    sorted_df = syn_df[by_df].astype(np.float64)  # float like the keys: searchsorted would convert per call
     scale = syn.doc_count / ref.doc_count
     width = len(str(max(syn.vocab_size - 1, 0)))
     vocab = ref.term_ids

@@ -25,7 +25,7 @@ from ragserve import bm25
 from ragserve.backends import gpu_kernels as K
 from ragserve.backends.gpu_items import ItemPlanner, Items
 from ragserve.backends.gpu_plan import MemoryPlan, plan_memory
-from ragserve.backends.gpu_topk import METHODS as TOPK_METHODS, select_topk
+from ragserve.backends.gpu_topk import METHODS as TOPK_METHODS, select_topk, select_topk_triton
 from ragserve.bm25 import QueryTerms
 from ragserve.searcher import Backend, KernelTimes, SearchError, TopK
 
@@ -195,7 +195,10 @@ class GpuBackend(Backend):
                 if times is not None:
                     self._sync()
                     t1 = time.perf_counter()
-                tops = select_topk(acc, k, self.topk)
+                if self.kernel == "triton" and self.topk == "blockmax":
+                    tops = select_topk_triton(acc, k)
+                else:
+                    tops = select_topk(acc, k, self.topk)
                 if times is not None:
                     t2 = time.perf_counter()
                     times.relevancy += t1 - t0
@@ -266,13 +269,15 @@ class GpuBackend(Backend):
         if not sel.any():
             return
         it = items.take(sel)
-        args = (it.a, it.n, e0[sel], it.ne, pbase[sel], it.row * self.num_docs, it.w)
-        tail = (self._post, self._bid, self._bst, self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
+        e0, pbase, rowoff = e0[sel], pbase[sel], it.row * self.num_docs
         if self.kernel == "triton":
-            K.score_triton(*args, *tail, atomic=atomic)
+            item, j, start, cnt = self._planner.entries(it)
+            K.score_triton(e0[item] + j, pbase[item] + start, cnt, rowoff[item], it.w[item], self._post, self._bid,
+                           self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift, atomic=atomic)
         else:
-            dev = self.device
-            K.score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(dev) for x in args), *tail)
+            args = (it.a, it.n, e0, it.ne, pbase, rowoff, it.w)
+            K.score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), self._post,
+                          self._bid, self._bst, self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
 
     def _stage(self, s: int, items: Items) -> tuple[np.ndarray, np.ndarray]:
         """Copy the postings and entries the items need from host shard ``s`` into the staging area.

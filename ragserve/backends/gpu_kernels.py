@@ -58,31 +58,19 @@ def score_torch(a, n, e0, ne, pbase, rowoff, w, post, bid, bst, norms, cache, ac
 if triton is not None:
 
     @triton.jit
-    def _score_kernel(unit_item, items, n_items, weights, post, bid, bst, norms, cache, acc, tf_bits, tf_mask,
-                      block_shift, search_steps, ATOMIC: tl.constexpr, CHUNK_: tl.constexpr):
+    def _score_kernel(units, n_units, post, bid, norms, cache, acc, tf_bits, tf_mask, block_shift,
+                      ATOMIC: tl.constexpr, CHUNK_: tl.constexpr):
+        # One program: up to CHUNK_ postings of one block entry, so the block (hence the docid base) is a scalar.
         pid = tl.program_id(0)
-        it = tl.load(unit_item + pid).to(tl.int64)
-        c0 = tl.load(items + it)
-        a = tl.load(items + n_items + it)
-        n = tl.load(items + 2 * n_items + it)
-        e0 = tl.load(items + 3 * n_items + it)
-        ne = tl.load(items + 4 * n_items + it)
-        pbase = tl.load(items + 5 * n_items + it)
-        rowoff = tl.load(items + 6 * n_items + it)
-        w = tl.load(weights + it)
-        j = a + (pid - c0) * CHUNK_ + tl.arange(0, CHUNK_).to(tl.int64)
-        m = j < a + n
-        p = tl.load(post + pbase + j, mask=m, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
-        # Block entry of each posting: the last e in [e0, e0 + ne) with blk_start[e] <= j (binary search).
-        lo = tl.zeros([CHUNK_], dtype=tl.int64) + e0
-        hi = lo + ne
-        for _ in range(search_steps):
-            open_ = (hi - lo) > 1
-            mid = (lo + hi) >> 1
-            v = tl.load(bst + mid, mask=m & open_, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
-            lo = tl.where(open_ & (v <= j), mid, lo)
-            hi = tl.where(open_ & (v > j), mid, hi)
-        blk = tl.load(bid + lo, mask=m, other=0).to(tl.int64)
+        p0 = tl.load(units + pid)
+        n = tl.load(units + n_units + pid)
+        ent = tl.load(units + 2 * n_units + pid)
+        rowoff = tl.load(units + 3 * n_units + pid)
+        w = tl.load(units + 4 * n_units + pid).to(tl.int32).to(tl.float32, bitcast=True)
+        blk = tl.load(bid + ent).to(tl.uint32, bitcast=True).to(tl.int64)
+        offs = tl.arange(0, CHUNK_)
+        m = offs < n
+        p = tl.load(post + p0 + offs, mask=m, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
         doc = (blk << block_shift) + (p >> tf_bits)
         tf = p & tf_mask
         nrm = tl.load(norms + doc, mask=m, other=0).to(tl.int32)
@@ -97,22 +85,75 @@ if triton is not None:
             old = tl.load(ptr, mask=m, other=0.0)
             tl.store(ptr, old + s.to(tl.float64), mask=m)
 
+    @triton.jit
+    def _group_max_kernel(acc, maxima, num_docs, n_groups, GROUP: tl.constexpr, NG: tl.constexpr):
+        # Max f32 score of each GROUP consecutive docs of a row.
+        row = tl.program_id(1).to(tl.int64)
+        offs = tl.program_id(0).to(tl.int64) * (GROUP * NG) + tl.arange(0, GROUP * NG)
+        a = tl.load(acc + row * num_docs + offs, mask=offs < num_docs, other=0.0)
+        g = tl.max(tl.reshape(a.to(tl.float32), (NG, GROUP)), axis=1)
+        gi = tl.program_id(0).to(tl.int64) * NG + tl.arange(0, NG)
+        tl.store(maxima + row * n_groups + gi, g, mask=gi < n_groups)
 
-def score_triton(a: np.ndarray, n: np.ndarray, e0: np.ndarray, ne: np.ndarray, pbase: np.ndarray,
-                 rowoff: np.ndarray, w: np.ndarray, post, bid, bst, norms, cache, acc_flat, tf_bits: int,
-                 block_shift: int, atomic: bool, num_warps: int = 4) -> None:
-    """Launch the fused kernel over host-planned items (numpy arrays); one program per CHUNK postings."""
-    if a.size == 0:
+    @triton.jit
+    def _collect_kernel(acc, thr, num_docs, out_idx, out_score, counter, cap, BLOCK: tl.constexpr):
+        # Append (row * num_docs + doc, f32 score) of every doc of a row scoring >= the row's threshold.
+        row = tl.program_id(1).to(tl.int64)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        s = tl.load(acc + row * num_docs + offs, mask=offs < num_docs, other=0.0).to(tl.float32)
+        sel = (offs < num_docs) & (s >= tl.load(thr + row)) & (s > 0.0)
+        sel_i = sel.to(tl.int32)
+        cnt = tl.sum(sel_i, axis=0)
+        first = tl.atomic_add(counter, cnt, mask=cnt > 0)
+        pos = first + tl.cumsum(sel_i, axis=0) - 1
+        ok = sel & (pos < cap)
+        tl.store(out_idx + pos, row * num_docs + offs, mask=ok)
+        tl.store(out_score + pos, s, mask=ok)
+
+
+def score_triton(ent: np.ndarray, pos0: np.ndarray, cnt: np.ndarray, rowoff: np.ndarray, w: np.ndarray,
+                 post, bid, norms, cache, acc_flat, tf_bits: int, block_shift: int, atomic: bool,
+                 num_warps: int = 4) -> None:
+    """Launch the fused kernel over block entries planned on the host (numpy, one value per entry):
+    arena entry index, arena index of its first posting, postings, row offset, term weight."""
+    if ent.size == 0:
         return
-    chunks = (n + CHUNK - 1) // CHUNK
-    c0 = np.cumsum(chunks) - chunks
-    units = int(chunks.sum())
+    chunks = (cnt + CHUNK - 1) // CHUNK
+    e = np.repeat(np.arange(ent.size), chunks)
+    c = np.arange(e.size, dtype=np.int64) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+    units = np.stack([pos0[e] + c * CHUNK, np.minimum(cnt[e] - c * CHUNK, CHUNK), ent[e], rowoff[e],
+                      np.ascontiguousarray(w, dtype=np.float32).view(np.int32)[e].astype(np.int64)])
     dev = acc_flat.device
-    items = torch.from_numpy(np.stack([c0, a, n, e0, ne, pbase, rowoff]).astype(np.int64)).to(dev)
-    unit_item = torch.from_numpy(np.repeat(np.arange(a.size, dtype=np.int32), chunks)).to(dev)
-    weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev)
-    steps = int(ne.max()).bit_length()
+    u = torch.from_numpy(units).pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else torch.from_numpy(units)
     # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
-    _score_kernel[(units,)](unit_item, items, a.size, weights, post, bid, bst, norms, cache, acc_flat, tf_bits,
-                            (1 << tf_bits) - 1, block_shift, steps, ATOMIC=atomic, CHUNK_=CHUNK,
-                            num_warps=num_warps, enable_fp_fusion=False)
+    _score_kernel[(e.size,)](u, e.size, post, bid, norms, cache, acc_flat, tf_bits, (1 << tf_bits) - 1, block_shift,
+                             ATOMIC=atomic, CHUNK_=CHUNK, num_warps=num_warps, enable_fp_fusion=False)
+
+
+GROUP, GROUPS_PER_PROGRAM, COLLECT_BLOCK = 32, 64, 2048
+
+
+def group_max_triton(acc: torch.Tensor) -> torch.Tensor:
+    """[rows, ceil(num_docs / GROUP)] f32 maxima of the rows' scores, GROUP consecutive docs each."""
+    rows, num_docs = acc.shape
+    n_groups = (num_docs + GROUP - 1) // GROUP
+    maxima = torch.empty((rows, n_groups), dtype=torch.float32, device=acc.device)
+    grid = (triton.cdiv(num_docs, GROUP * GROUPS_PER_PROGRAM), rows)
+    _group_max_kernel[grid](acc, maxima, num_docs, n_groups, GROUP=GROUP, NG=GROUPS_PER_PROGRAM)
+    return maxima
+
+
+def collect_triton(acc: torch.Tensor, thr: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices (row * num_docs + doc) and f32 scores of the docs scoring >= their row's threshold
+    (> 0), in no particular order. Reruns with a larger buffer if ``capacity`` was too small."""
+    rows, num_docs = acc.shape
+    grid = (triton.cdiv(num_docs, COLLECT_BLOCK), rows)
+    while True:
+        counter = torch.zeros(1, dtype=torch.int32, device=acc.device)
+        idx = torch.empty(capacity, dtype=torch.int64, device=acc.device)
+        score = torch.empty(capacity, dtype=torch.float32, device=acc.device)
+        _collect_kernel[grid](acc, thr, num_docs, idx, score, counter, capacity, BLOCK=COLLECT_BLOCK)
+        total = int(counter.item())
+        if total <= capacity:
+            return idx[:total], score[:total]
+        capacity = total

@@ -8,16 +8,19 @@ on the device; the host keeps each row's first k. Two ways to get the threshold:
 - ``blockmax``: the k-th largest of the maxima of groups of ``GROUP`` consecutive docs. At least k groups,
   so at least k docs, reach it, so it is <= the k-th score: a lower bound found in a 1/GROUP-sized array.
   Candidates are then at most GROUP times the number of groups reaching it (plus ties).
+With the Triton kernels, ``blockmax`` reads the accumulator twice (group maxima, then candidates) and never
+materialises the f32 scores.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ragserve.backends import gpu_kernels as K
 from ragserve.searcher import TopK
 
 _TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
-GROUP = 32
+GROUP = K.GROUP
 METHODS = ("blockmax", "topk")
 
 
@@ -32,6 +35,19 @@ def _threshold(scores: torch.Tensor, k: int, method: str) -> torch.Tensor:
     return torch.topk(scores, min(k, num_docs), dim=1, largest=True, sorted=False).values.min(dim=1).values
 
 
+def _ranked(rows: int, k: int, r: torch.Tensor, d: torch.Tensor, s: torch.Tensor) -> list[TopK]:
+    """Candidates (row, doc, score), already ordered by (row, doc), ranked per row and cut at k."""
+    # Positive f32 scores order like their bit patterns; a stable sort keeps docid order among ties.
+    key = (r << 32) | (0x7FFFFFFF - s.view(torch.int32).long())
+    key, order = torch.sort(key, stable=True)
+    out = torch.stack((key, d[order])).cpu().numpy()  # one transfer
+    r = out[0] >> 32
+    s = (0x7FFFFFFF - (out[0] & 0xFFFFFFFF)).astype(np.int32).view(np.float32)
+    bounds = np.searchsorted(r, np.arange(rows + 1))
+    return [TopK(out[1, bounds[i]:min(bounds[i] + k, bounds[i + 1])].astype(np.int64),
+                 s[bounds[i]:min(bounds[i] + k, bounds[i + 1])].copy()) for i in range(rows)]
+
+
 def select_topk(acc: torch.Tensor, k: int, method: str = "blockmax") -> list[TopK]:
     """Top-k of each row of ``acc`` (f64 sums, 0 = doc not matched), best first; zeroes ``acc`` for reuse."""
     rows, num_docs = acc.shape
@@ -40,13 +56,18 @@ def select_topk(acc: torch.Tensor, k: int, method: str = "blockmax") -> list[Top
     kth = _threshold(scores, k, method)
     # Only matched docs (score > 0) rank; a row with fewer than k of them keeps them all.
     r, d = (scores >= kth.clamp_min(_TINY)[:, None]).nonzero(as_tuple=True)  # row-major, docid ascending
-    bits = scores[r, d].view(torch.int32).long()
-    # Positive f32 scores order like their bit patterns; a stable sort keeps docid order among ties.
-    key = (r << 32) | (0x7FFFFFFF - bits)
-    key, order = torch.sort(key, stable=True)
-    out = torch.stack((key, d[order])).cpu().numpy()  # one transfer
-    r = out[0] >> 32
-    s = (0x7FFFFFFF - (out[0] & 0xFFFFFFFF)).astype(np.int32).view(np.float32)
-    bounds = np.searchsorted(r, np.arange(rows + 1))
-    return [TopK(out[1, bounds[i]:min(bounds[i] + k, bounds[i + 1])].astype(np.int64),
-                 s[bounds[i]:min(bounds[i] + k, bounds[i + 1])].copy()) for i in range(rows)]
+    return _ranked(rows, k, r, d, scores[r, d])
+
+
+def select_topk_triton(acc: torch.Tensor, k: int) -> list[TopK]:
+    """``select_topk`` with the ``blockmax`` threshold, through the Triton kernels (two reads of ``acc``)."""
+    rows, num_docs = acc.shape
+    if num_docs < GROUP * k:
+        return select_topk(acc, k, "topk")
+    maxima = K.group_max_triton(acc)
+    thr = torch.topk(maxima, k, dim=1, largest=True, sorted=False).values.min(dim=1).values.clamp_min(_TINY)
+    idx, score = K.collect_triton(acc, thr, max(1 << 16, 4 * k * rows))
+    acc.zero_()
+    idx, order = torch.sort(idx)  # collected in no order: (row, doc) ascending first
+    r = idx // num_docs
+    return _ranked(rows, k, r, idx - r * num_docs, score[order])
