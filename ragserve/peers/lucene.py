@@ -65,23 +65,28 @@ def index_beir(corpus: str | Path, index_dir: str | Path, threads: int = 1, stor
     corpus = Path(corpus).resolve()
     if not corpus.is_file():
         raise LuceneError(f"{corpus}: no such corpus file")
+    # IndexCollection reads every file of a directory: give it one holding only this corpus.
+    with tempfile.TemporaryDirectory(prefix="lucene-input-") as tmp:
+        os.symlink(corpus, Path(tmp) / corpus.name)
+        return index_beir_dir(tmp, index_dir, threads, store_contents)
+
+
+def index_beir_dir(input_dir: str | Path, index_dir: str | Path, threads: int = 1, store_contents: bool = False) -> float:
+    """Index every BEIR JSONL file of ``input_dir`` (IndexCollection runs one thread per file); returns seconds."""
     index_dir = Path(index_dir)
     if index_dir.exists():
         raise LuceneError(f"{index_dir} already exists")
     start_jvm()
     from jnius import autoclass
 
-    # IndexCollection reads every file of a directory: give it one holding only this corpus.
-    with tempfile.TemporaryDirectory(prefix="lucene-input-") as tmp:
-        os.symlink(corpus, Path(tmp) / corpus.name)
-        args = ["-collection", "BeirFlatCollection", "-input", tmp, "-index", str(index_dir),
-                "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads), "-quiet"]
-        if store_contents:
-            args.append("-storeContents")
-        t0 = time.perf_counter()
-        autoclass("io.anserini.index.IndexCollection").main(args)
-        elapsed = time.perf_counter() - t0
-    if not (index_dir / "segments_1").exists() and not list(index_dir.glob("segments_*")):
+    args = ["-collection", "BeirFlatCollection", "-input", str(input_dir), "-index", str(index_dir),
+            "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads), "-quiet"]
+    if store_contents:
+        args.append("-storeContents")
+    t0 = time.perf_counter()
+    autoclass("io.anserini.index.IndexCollection").main(args)
+    elapsed = time.perf_counter() - t0
+    if not list(index_dir.glob("segments_*")):
         shutil.rmtree(index_dir, ignore_errors=True)
         raise LuceneError(f"Lucene did not write an index into {index_dir}")
     return elapsed

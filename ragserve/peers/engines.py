@@ -1,0 +1,360 @@
+"""BM25 engines behind one small interface, for side-by-side speed runs (``scripts/bench_search.py``).
+
+Each engine builds an index of a stream of ``Document(id, title, text)`` (title and text indexed as one field,
+as Anserini's BEIR flat index does) into a directory, and later opens it to answer queries. ``search`` returns
+what the engine natively returns for a query (the timed part); ``ids`` turns that into external document ids
+(not timed, for the agreement check).
+
+- ``ragserve``: this project's CPU backend (``Searcher(backend="cpu")``), Lucene-exact BM25.
+- ``pyserini``: pyserini 1.6.0 ``LuceneSearcher`` (Anserini SimpleSearcher over Lucene 9.9.1), indexed with
+  Anserini's ``IndexCollection`` (BEIR flat collection, ``-threads``).
+- ``bm25s``: bm25s 0.3.16 with its numba backend and its own tokenizer (English stopwords, Snowball English
+  stemmer), method "lucene"; ``bm25s-ours`` gets the token lists of this project's analyzer instead.
+- ``pisa``: PISA through pyterrier-pisa 0.4.9 (porter2, Lucene's stopwords, block-max WAND), queried through its
+  C++ ``retrieve`` directly (the pyterrier transformer adds pandas overhead per call).
+- ``tantivy``: tantivy-py 0.27.0, ``en_stem`` tokenizer, frequencies without positions; its BM25 has fixed
+  k1=1.2, b=0.75.
+- ``rank-bm25``: rank-bm25 0.2.2 ``BM25Okapi`` over this project's tokens; in memory only and O(N) per query.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from indexer.readers import Document
+
+K1, B = 0.9, 0.4
+
+
+def doc_text(d: Document) -> str:
+    return f"{d.title} {d.text}" if d.title else d.text
+
+
+class Engine:
+    name = ""
+    threads = 2
+    max_queries: int | None = None  # cap on timed / compared queries for very slow engines
+
+    def build(self, docs: Iterable[Document], out: Path, corpus: Path) -> dict:
+        """Index ``docs`` (the parsed ``corpus`` file) into ``out``; returns extra facts for the report."""
+        raise NotImplementedError
+
+    def open(self, out: Path) -> None:
+        raise NotImplementedError
+
+    def search(self, query: str, k: int) -> Any:
+        raise NotImplementedError
+
+    def batch(self, queries: list[str], k: int) -> Any:
+        """All queries at once with the engine's own parallelism (``threads``)."""
+        return [self.search(q, k) for q in queries]
+
+    def ids(self, result: Any) -> list[str]:
+        raise NotImplementedError
+
+
+class Ragserve(Engine):
+    name = "ragserve"
+
+    def build(self, docs, out, corpus):
+        from indexer.writer import BuildOptions, build_index
+
+        # What ``ragserve index`` runs: its own reader, parsing included in the time.
+        m = build_index([corpus], out, BuildOptions(progress=False, workers=self.threads))
+        return {"postings": m["stats"]["num_postings"], "vocab": m["stats"]["vocab_size"]}
+
+    def open(self, out):
+        from ragserve.searcher import Searcher
+
+        self.searcher = Searcher(out, backend="cpu", threads=self.threads)
+
+    def search(self, query, k):
+        return self.searcher.search(query, k, with_text=False)
+
+    def batch(self, queries, k):
+        return self.searcher.search_batch(queries, k, with_text=False)
+
+    def ids(self, result):
+        return [h.id for h in result]
+
+
+class Pyserini(Engine):
+    name = "pyserini"
+
+    def build(self, docs, out, corpus):
+        from ragserve.peers import lucene
+
+        # Anserini's BEIR collection reads ``_id``; IndexCollection runs one thread per input file, so the
+        # corpus is written out as one BEIR file per thread (not timed: format preparation).
+        lucene.start_jvm()
+        parts = out.parent / (out.name + ".input")
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir(parents=True)
+        files = [open(parts / f"part{i}.jsonl", "w", encoding="utf-8") for i in range(self.threads)]
+        for i, d in enumerate(docs):
+            files[(i // 10_000) % self.threads].write(json.dumps({"_id": d.id, "title": d.title, "text": d.text}) + "\n")
+        for f in files:
+            f.close()
+        try:
+            secs = lucene.index_beir_dir(parts, out, threads=self.threads)
+        finally:
+            shutil.rmtree(parts, ignore_errors=True)
+        return {"index_seconds": secs}
+
+    def open(self, out):
+        from ragserve.peers import lucene
+
+        self.ref = lucene.LuceneRef(out, K1, B)
+        self.searcher = self.ref.pyserini
+
+    def search(self, query, k):
+        return self.searcher.search(query, k)
+
+    def search_lucene(self, query, k):
+        """Lucene's IndexSearcher alone (no pyserini wrapper, no id lookup)."""
+        return self.ref.search_raw(query, k)
+
+    def batch(self, queries, k):
+        res = self.searcher.batch_search(queries, [str(i) for i in range(len(queries))], k=k, threads=self.threads)
+        return [res[str(i)] for i in range(len(queries))]
+
+    def ids(self, result):
+        return [h.docid for h in result]
+
+
+class Bm25s(Engine):
+    name = "bm25s"
+
+    def _stemmer(self):
+        import Stemmer
+
+        if not hasattr(self, "_st"):
+            self._st = Stemmer.Stemmer("english")
+        return self._st
+
+    def corpus_tokens(self, texts: list[str]) -> Any:
+        import bm25s
+
+        return bm25s.tokenize(texts, stopwords="en", stemmer=self._stemmer(), show_progress=False)
+
+    def query_tokens(self, query: str) -> list[str]:
+        import bm25s
+
+        return bm25s.tokenize([query], stopwords="en", stemmer=self._stemmer(), show_progress=False,
+                              return_ids=False)[0]
+
+    def build(self, docs, out, corpus):
+        import bm25s
+
+        ids, texts = [], []
+        for d in docs:
+            ids.append(d.id)
+            texts.append(doc_text(d))
+        tokens = self.corpus_tokens(texts)
+        del texts
+        model = bm25s.BM25(k1=K1, b=B, method="lucene", backend="numba")
+        model.index(tokens, show_progress=False)
+        model.save(str(out))
+        with open(out / "ids.pkl", "wb") as f:
+            pickle.dump(ids, f)
+        return {}
+
+    def open(self, out):
+        import bm25s
+
+        self.model = bm25s.BM25.load(str(out), mmap=False)
+        self.model.backend = "numba"
+        self.model.activate_numba_scorer()
+        with open(out / "ids.pkl", "rb") as f:
+            self.doc_ids = pickle.load(f)
+
+    def search(self, query, k):
+        return self.model.retrieve([self.query_tokens(query)], k=k, n_threads=1, show_progress=False)
+
+    def batch(self, queries, k):
+        res = self.model.retrieve([self.query_tokens(q) for q in queries], k=k, n_threads=self.threads,
+                                  show_progress=False)
+        return [type(res)(documents=res.documents[i:i + 1], scores=res.scores[i:i + 1]) for i in range(len(queries))]
+
+    def ids(self, result):
+        return [self.doc_ids[int(i)] for i, s in zip(result.documents[0], result.scores[0]) if s > 0]
+
+
+class Bm25sOurs(Bm25s):
+    """bm25s scoring the token lists of ragserve's analyzer (Lucene's), for a like-for-like comparison."""
+
+    name = "bm25s-ours"
+
+    def _analyzer(self):
+        from indexer.analyzer import Analyzer
+
+        if not hasattr(self, "_an"):
+            self._an = Analyzer()
+        return self._an
+
+    def corpus_tokens(self, texts):
+        an = self._analyzer()
+        return [an.analyze(t) for t in texts]
+
+    def query_tokens(self, query):
+        return self._analyzer().analyze(query)
+
+
+class Pisa(Engine):
+    name = "pisa"
+    ALGORITHM = "block_max_wand"
+
+    def build(self, docs, out, corpus):
+        import pyterrier_pisa
+
+        index = pyterrier_pisa.PisaIndex(str(out), stemmer="porter2", stops="lucene", threads=self.threads)
+        index.index({"docno": d.id, "text": doc_text(d)} for d in docs)
+        return {}
+
+    def open(self, out):
+        import pyterrier_pisa
+        from pyterrier_pisa import _pisathon
+
+        self._retrieve = _pisathon.retrieve
+        self.index = pyterrier_pisa.PisaIndex(str(out), threads=self.threads)
+        self.retr = self.index.bm25(k1=K1, b=B)
+        self._buffers: dict[int, tuple] = {}
+
+    def _run(self, queries: list[str], k: int, threads: int):
+        n = len(queries) * k
+        bufs = self._buffers.get(n)
+        if bufs is None:
+            bufs = self._buffers[n] = (np.empty(n, np.int32), np.empty(n, object), np.empty(n, np.int32),
+                                       np.empty(n, np.float32))
+        size = self._retrieve(self.retr._ctxt, self.ALGORITHM, list(enumerate(queries)), k=k, threads=threads,
+                              query_weighted=0, pretokenised=False, result_qidxs=bufs[0], result_docnos=bufs[1],
+                              result_ranks=bufs[2], result_scores=bufs[3])
+        return bufs[0][:size].copy(), bufs[1][:size].copy()
+
+    def search(self, query, k):
+        return self._run([query], k, 1)
+
+    def batch(self, queries, k):
+        qidx, docnos = self._run(queries, k, self.threads)
+        return [(qidx[qidx == i], docnos[qidx == i]) for i in range(len(queries))]
+
+    def ids(self, result):
+        return [str(d) for d in result[1]]
+
+
+_NON_WORD = re.compile(r"\W+")
+
+
+class Tantivy(Engine):
+    name = "tantivy"
+
+    def _schema(self):
+        import tantivy
+
+        sb = tantivy.SchemaBuilder()
+        sb.add_text_field("id", stored=True, tokenizer_name="raw")
+        sb.add_text_field("body", stored=False, tokenizer_name="en_stem", index_option="freq")
+        return sb.build()
+
+    def build(self, docs, out, corpus):
+        import tantivy
+
+        out.mkdir(parents=True)
+        index = tantivy.Index(self._schema(), path=str(out))
+        writer = index.writer(heap_size=1_000_000_000, num_threads=self.threads)
+        for d in docs:
+            writer.add_document(tantivy.Document(id=d.id, body=doc_text(d)))
+        writer.commit()
+        writer.wait_merging_threads()
+        return {}
+
+    def open(self, out):
+        import tantivy
+
+        self.index = tantivy.Index.open(str(out))
+        self.index.reload()
+        self.searcher = self.index.searcher()
+
+    def search(self, query, k):
+        # Words only: the query language would read ':' '(' '-' etc. as operators.
+        q, _ = self.index.parse_query_lenient(_NON_WORD.sub(" ", query).lower(), ["body"])
+        return self.searcher.search(q, k, count=False).hits
+
+    def batch(self, queries, k):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.threads) as ex:
+            return list(ex.map(lambda q: self.search(q, k), queries))
+
+    def ids(self, result):
+        return [self.searcher.doc(addr)["id"][0] for _, addr in result]
+
+
+class RankBm25(Engine):
+    name = "rank-bm25"
+    threads = 1
+    max_queries = 50  # a long query costs O(N * terms) in Python: time a sample only
+
+    def build(self, docs, out, corpus):
+        from rank_bm25 import BM25Okapi
+
+        from indexer.analyzer import Analyzer
+
+        an = Analyzer()
+        ids, toks = [], []
+        for d in docs:
+            ids.append(d.id)
+            toks.append(an.analyze(doc_text(d)))
+        self.model = BM25Okapi(toks, k1=K1, b=B)
+        self.doc_ids = np.asarray(ids, dtype=object)
+        self.analyzer = an
+        return {"note": "in memory"}
+
+    def open(self, out):
+        """The model lives in memory: the search phase runs in the build process."""
+
+    def search(self, query, k):
+        scores = self.model.get_scores(self.analyzer.analyze(query))
+        top = np.argpartition(-scores, min(k, len(scores) - 1))[:k]
+        return top[np.argsort(-scores[top], kind="stable")], scores
+
+    def ids(self, result):
+        top, scores = result
+        return [self.doc_ids[i] for i in top if scores[i] > 0]
+
+
+ENGINES: dict[str, type[Engine]] = {e.name: e for e in (Ragserve, Pyserini, Bm25s, Bm25sOurs, Pisa, Tantivy, RankBm25)}
+
+
+def available(name: str) -> tuple[bool, str]:
+    """Whether an engine's package imports here (the optional peers may not be installed)."""
+    mod = {"pisa": "pyterrier_pisa", "tantivy": "tantivy", "rank-bm25": "rank_bm25", "bm25s": "bm25s",
+           "bm25s-ours": "bm25s", "pyserini": "jnius", "ragserve": "ragserve"}[name]
+    try:
+        __import__(mod)
+    except Exception as e:  # noqa: BLE001  (any import failure means "not usable here")
+        return False, f"{type(e).__name__}: {e}"
+    return True, ""
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if Path(path).exists() else 0
+
+
+def peak_rss_mib() -> tuple[float, float]:
+    """(peak RSS of this process, of its largest finished child) in MiB (Linux reports KiB)."""
+    import resource
+
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0))
