@@ -1,7 +1,13 @@
-"""numba kernels of the CPU backend: BM25 scoring into an f64 accumulator and exact top-k.
+"""numba kernels of the CPU backend: block-at-a-time BM25 scoring with safe MaxScore pruning and exact top-k.
 
-All kernels release the GIL so a batch runs one query per thread. f32 arithmetic is kept f32 by
-casting every constant (numba would otherwise promote to f64 and change the bits).
+A query walks the shard's doc blocks in order. Per block, each query term's block entry gives its postings
+and a block-max bound; terms are scored into a block-sized f64 accumulator (it stays in L2 cache), and the
+block's results go into one running top-k heap. Because later blocks hold larger docids, a later document
+must score strictly above the heap's k-th score to enter it, which lets whole blocks, and the low-bound
+terms of a block, be skipped once the heap is full.
+
+All kernels release the GIL so a batch runs one query per thread. f32 arithmetic is kept f32 by casting
+every constant (numba would otherwise promote to f64 and change the bits).
 """
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import numpy as np
 from numba import njit
 
 F1 = np.float32(1.0)
+SLACK = 1.0 + 1e-12  # on f64 sums of bounds: far below one f32 ulp, covers any summation-order rounding
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -18,74 +25,61 @@ def _term_score(w, tf, c):
 
 
 @njit(nogil=True, cache=True)
-def score_terms(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, block_size, tf_bits,
-                doc_start, acc, touched, n_touched, order):
-    """Add every posting of the terms ``term_ids[order]`` into ``acc`` (doc - doc_start), in that order.
-
-    ``touched`` collects the local docids seen for the first time; returns the new count.
-    """
-    mask = np.uint32((1 << tf_bits) - 1)
-    shift = np.uint32(tf_bits)
-    for oi in range(order.size):
-        i = order[oi]
-        t = term_ids[i]
-        w = weights[i]
-        for e in range(term_ptr[t], term_ptr[t + 1]):
-            base = np.int64(blk_id[e]) * block_size - doc_start
-            for j in range(blk_start[e], blk_start[e + 1]):
-                p = postings[j]
-                local = base + np.int64(p >> shift)
-                s = _term_score(w, p & mask, cache[norms[local + doc_start]])
-                a = acc[local]
-                if a == 0.0:
-                    touched[n_touched] = local
-                    n_touched += 1
-                acc[local] = a + np.float64(s)
-    return n_touched
+def _score_entry(postings, lo, hi, w, cache, norms, base, acc, touched, n_t, shift, mask):
+    """Add one block entry's postings into ``acc`` (indexed by offset in the block); returns the touched count."""
+    for j in range(lo, hi):
+        p = postings[j]
+        off = np.int64(p >> shift)
+        s = _term_score(w, p & mask, cache[norms[base + off]])
+        a = acc[off]
+        if a == 0.0:
+            touched[n_t] = off
+            n_t += 1
+        acc[off] = a + np.float64(s)
+    return n_t
 
 
 @njit(nogil=True, cache=True)
-def rescore_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, term_id, w, block_size, tf_bits,
-                       doc_start, acc, cands, n_cands):
-    """Add term ``term_id``'s score to the candidate docs only (sorted ascending), by binary search."""
-    mask = np.uint32((1 << tf_bits) - 1)
-    shift = np.uint32(tf_bits)
-    e = term_ptr[term_id]
-    e_end = term_ptr[term_id + 1]
-    for ci in range(n_cands):
-        local = cands[ci]
-        d = local + doc_start
-        blk = d // block_size
-        while e < e_end and blk_id[e] < blk:
-            e += 1
-        if e == e_end:
-            break
-        if blk_id[e] != blk:
-            continue
-        target = np.uint32(d - np.int64(blk) * block_size)
-        lo = np.int64(blk_start[e])
-        hi = np.int64(blk_start[e + 1])
-        while lo < hi:
-            mid = (lo + hi) >> 1
+def _scan_entry(postings, lo, hi, w, cache, norms, base, acc, shift, mask):
+    """Add one entry's scores to the docs that are still candidates (acc != 0), by a linear scan."""
+    for j in range(lo, hi):
+        p = postings[j]
+        off = np.int64(p >> shift)
+        a = acc[off]
+        if a != 0.0:
+            acc[off] = a + np.float64(_term_score(w, p & mask, cache[norms[base + off]]))
+
+
+@njit(nogil=True, cache=True)
+def _probe_entry(postings, lo, hi, w, cache, norms, base, acc, cands, n_c, shift, mask):
+    """Add one entry's scores to the candidates (sorted offsets) by binary search: for few candidates."""
+    for ci in range(n_c):
+        target = np.uint32(cands[ci])
+        a, b = lo, hi
+        while a < b:
+            mid = (a + b) >> 1
             if (postings[mid] >> shift) < target:
-                lo = mid + 1
+                a = mid + 1
             else:
-                hi = mid
-        if lo < blk_start[e + 1] and (postings[lo] >> shift) == target:
-            acc[local] += np.float64(_term_score(w, postings[lo] & mask, cache[norms[d]]))
-    return 0
+                b = mid
+        if a == hi:
+            break
+        lo = a
+        if (postings[a] >> shift) == target:
+            off = np.int64(target)
+            acc[off] += np.float64(_term_score(w, postings[a] & mask, cache[norms[base + off]]))
 
 
 @njit(nogil=True, cache=True)
 def _sift_down(hs, hd, n, i):
     # Min-heap on (score asc, docid desc): the root is the worst of the kept top-k.
     while True:
-        l = 2 * i + 1
-        if l >= n:
+        left = 2 * i + 1
+        if left >= n:
             return
-        r = l + 1
-        m = l
-        if r < n and (hs[r] < hs[l] or (hs[r] == hs[l] and hd[r] > hd[l])):
+        r = left + 1
+        m = left
+        if r < n and (hs[r] < hs[left] or (hs[r] == hs[left] and hd[r] > hd[left])):
             m = r
         if hs[m] < hs[i] or (hs[m] == hs[i] and hd[m] > hd[i]):
             hs[i], hs[m] = hs[m], hs[i]
@@ -96,40 +90,31 @@ def _sift_down(hs, hd, n, i):
 
 
 @njit(nogil=True, cache=True)
-def topk_and_reset(acc, touched, n_touched, k, doc_start, out_docs, out_scores, min_score):
-    """Exact top-k (score desc, docid asc) of the touched docs with f32 score >= min_score; zeroes ``acc``.
+def _heap_push(hs, hd, n, k, s, d):
+    """Offer (score s, docid d) to the top-k heap of size n; returns the new size."""
+    if n < k:
+        j = n
+        hs[j] = s
+        hd[j] = d
+        n += 1
+        while j > 0:
+            p = (j - 1) >> 1
+            if hs[j] < hs[p] or (hs[j] == hs[p] and hd[j] > hd[p]):
+                hs[j], hs[p] = hs[p], hs[j]
+                hd[j], hd[p] = hd[p], hd[j]
+                j = p
+            else:
+                break
+    elif s > hs[0] or (s == hs[0] and d < hd[0]):
+        hs[0] = s
+        hd[0] = d
+        _sift_down(hs, hd, n, 0)
+    return n
 
-    Returns how many results were written (sorted best first).
-    """
-    hs = np.empty(k, dtype=np.float32)
-    hd = np.empty(k, dtype=np.int64)
-    n = 0
-    for i in range(n_touched):
-        local = touched[i]
-        s = np.float32(acc[local])
-        acc[local] = 0.0
-        if s < min_score:
-            continue
-        d = local + doc_start
-        if n < k:
-            # sift up
-            j = n
-            hs[j] = s
-            hd[j] = d
-            n += 1
-            while j > 0:
-                p = (j - 1) >> 1
-                if hs[j] < hs[p] or (hs[j] == hs[p] and hd[j] > hd[p]):
-                    hs[j], hs[p] = hs[p], hs[j]
-                    hd[j], hd[p] = hd[p], hd[j]
-                    j = p
-                else:
-                    break
-        elif s > hs[0] or (s == hs[0] and d < hd[0]):
-            hs[0] = s
-            hd[0] = d
-            _sift_down(hs, hd, n, 0)
-    # Pop the heap from worst to best.
+
+@njit(nogil=True, cache=True)
+def heap_sorted(hs, hd, n, out_docs, out_scores):
+    """Empty the heap into ``out_*`` best first (score desc, docid asc); returns n."""
     for j in range(n - 1, -1, -1):
         out_scores[j] = hs[0]
         out_docs[j] = hd[0]
@@ -140,42 +125,22 @@ def topk_and_reset(acc, touched, n_touched, k, doc_start, out_docs, out_scores, 
 
 
 @njit(nogil=True, cache=True)
-def kth_largest(acc, touched, n_touched, k):
-    """The k-th largest f64 partial score among the touched docs (0 if fewer than k)."""
-    if n_touched < k:
-        return 0.0
-    vals = np.empty(n_touched, dtype=np.float64)
-    for i in range(n_touched):
-        vals[i] = acc[touched[i]]
-    return np.partition(vals, n_touched - k)[n_touched - k]
+def _flush_block(acc, idx, n, base, hs, hd, hn, k):
+    """Move a block's accumulated docs into the heap (f32 scores) and zero the accumulator."""
+    for i in range(n):
+        off = idx[i]
+        hn = _heap_push(hs, hd, hn, k, np.float32(acc[off]), base + off)
+        acc[off] = 0.0
+    return hn
 
 
 @njit(nogil=True, cache=True)
-def prune_candidates(acc, src, n_src, remaining_bound, threshold, cands):
-    """Keep the docs of ``src`` that can still reach ``threshold`` (order kept); zero the others in ``acc``.
-
-    Compared after rounding to f32, as final scores are: a doc whose f32 bound equals the threshold
-    could still tie the k-th score and win on docid, so it stays.
-    """
-    th = np.float32(threshold)
-    n = 0
-    for i in range(n_src):
-        local = src[i]
-        if np.float32(acc[local] + remaining_bound) >= th:
-            cands[n] = local
-            n += 1
-        else:
-            acc[local] = 0.0
-    return n
-
-
-@njit(nogil=True, cache=True)
-def count_above(acc, touched, n_touched, bound, k):
-    """True when at least k touched docs have an f32 partial score strictly above f32(bound)."""
+def _count_above(acc, idx, n, bound, k):
+    """True when at least k of the docs have an f32 partial score strictly above f32(bound)."""
     b = np.float32(bound)
     c = 0
-    for i in range(n_touched):
-        if np.float32(acc[touched[i]]) > b:
+    for i in range(n):
+        if np.float32(acc[idx[i]]) > b:
             c += 1
             if c >= k:
                 return True
@@ -183,112 +148,138 @@ def count_above(acc, touched, n_touched, bound, k):
 
 
 @njit(nogil=True, cache=True)
-def scan_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, term_id, w, block_size, tf_bits,
-                    doc_start, acc):
-    """Add term ``term_id``'s score to docs already holding a partial score (acc != 0), by a linear scan."""
-    mask = np.uint32((1 << tf_bits) - 1)
-    shift = np.uint32(tf_bits)
-    for e in range(term_ptr[term_id], term_ptr[term_id + 1]):
-        base = np.int64(blk_id[e]) * block_size - doc_start
-        for j in range(blk_start[e], blk_start[e + 1]):
-            p = postings[j]
-            local = base + np.int64(p >> shift)
-            a = acc[local]
-            if a != 0.0:
-                acc[local] = a + np.float64(_term_score(w, p & mask, cache[norms[local + doc_start]]))
-    return 0
+def _kth_largest(acc, idx, n, k):
+    if n < k:
+        return 0.0
+    vals = np.empty(n, dtype=np.float64)
+    for i in range(n):
+        vals[i] = acc[idx[i]]
+    return np.partition(vals, n - k)[n - k]
 
 
 @njit(nogil=True, cache=True)
-def search_shard(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, bounds, exact_sum,
-                 k, block_size, tf_bits, doc_start, acc, touched, cands, out_docs, out_scores):
-    """Exact top-k of one query in one shard; returns the number of results written (best first).
+def _prune(acc, src, n_src, remaining, local_theta, heap_full, heap_theta, cands):
+    """Keep the docs of ``src`` that can still enter the top-k (order kept); zero the others.
 
-    With ``exact_sum`` (the f64 sum of the query's term scores is order-free), terms are visited in
-    decreasing ``bounds`` order (MaxScore): once the bounds of the unvisited terms add up to less than
-    the current k-th partial score (compared in f32, as final scores are), no unseen document can enter
-    the top-k, and the remaining terms only update the surviving candidates. Without it, every term
-    is added in ascending term-id order, the canonical order of FORMAT.md.
+    Compared after rounding to f32, as final scores are. Against the block's own k-th partial score a tie
+    may still win on docid, so it stays; against the heap (smaller docids) a doc must be strictly above.
+    """
+    th = np.float32(local_theta)
+    n = 0
+    for i in range(n_src):
+        off = src[i]
+        ub = np.float32(acc[off] + remaining)
+        if ub >= th and (not heap_full or ub > heap_theta):
+            cands[n] = off
+            n += 1
+        else:
+            acc[off] = 0.0
+    return n
+
+
+@njit(nogil=True, cache=True)
+def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, norms, cache,
+                 term_ids, weights, default_params, exact_sum, prune, k, block_size, tf_bits, block_lo, block_hi,
+                 acc, touched, cands, hs, hd, hn):
+    """Add one shard's matches to the top-k heap (hs, hd, size hn); returns the new heap size.
+
+    Blocks are visited in docid order. With ``exact_sum`` (the f64 sum of the query's term scores is
+    order-free) and ``prune``, terms of a block are visited in decreasing block-max bound (MaxScore):
+    once the unseen terms' bounds cannot lift an unseen document into the top-k, the remaining terms only
+    update the surviving candidates. Otherwise every term is added in ascending term-id order, the
+    canonical order of FORMAT.md.
     """
     nq = term_ids.size
-    if not exact_sum or nq == 1:
-        order = np.arange(nq)
-        n_t = score_terms(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, block_size,
-                          tf_bits, doc_start, acc, touched, 0, order)
-        return topk_and_reset(acc, touched, n_t, k, doc_start, out_docs, out_scores, np.float32(0.0))
-    order = np.argsort(-bounds, kind="mergesort")
-    remaining = np.zeros(nq, dtype=np.float64)  # remaining[i]: sum of bounds of the terms after order[i]
-    for i in range(nq - 2, -1, -1):
-        remaining[i] = remaining[i + 1] + bounds[order[i + 1]]
-    slack = 1.0 + 1e-12  # far below one f32 ulp; guards the f64 sum of bounds
-    n_t = 0
-    i = 0
-    switched = False
-    seen_bound = 0.0  # bounds of the terms scored so far: no partial score exceeds their sum
-    one = np.empty(1, dtype=np.int64)
-    while i < nq:
-        if bounds[order[i]] == 0.0:
-            break  # this and every later term are absent from the shard
-        one[0] = order[i]
-        n_t = score_terms(postings, term_ptr, blk_id, blk_start, norms, cache, term_ids, weights, block_size,
-                          tf_bits, doc_start, acc, touched, n_t, one)
-        seen_bound += bounds[order[i]]
-        i += 1
-        # The k-th partial score is at most seen_bound, so it is only worth computing (O(touched)) when
-        # the unseen terms' bounds fall below that.
-        if i < nq and n_t >= k and remaining[i - 1] * slack < seen_bound:
-            if count_above(acc, touched, n_t, remaining[i - 1] * slack, k):
+    shift = np.uint32(tf_bits)
+    mask = np.uint32((1 << tf_bits) - 1)
+    cur = np.empty(nq, dtype=np.int64)
+    end = np.empty(nq, dtype=np.int64)
+    for i in range(nq):
+        cur[i] = term_ptr[term_ids[i]]
+        end[i] = term_ptr[term_ids[i] + 1]
+    ent = np.empty(nq, dtype=np.int64)
+    bounds = np.empty(nq, dtype=np.float64)
+    remaining = np.empty(nq, dtype=np.float64)
+    for b in range(block_lo, block_hi):
+        base = np.int64(b) * block_size
+        total = 0.0
+        present = 0
+        for i in range(nq):
+            while cur[i] < end[i] and blk_id[cur[i]] < b:
+                cur[i] += 1
+            if cur[i] < end[i] and blk_id[cur[i]] == b:
+                e = cur[i]
+                ent[i] = e
+                if default_params:
+                    q = blk_maxq[e]
+                else:
+                    q = np.float32(blk_maxtf[e]) * cache[blk_minnorm[e]]
+                w = weights[i]
+                bounds[i] = np.float64(w - w / (F1 + q))
+                total += bounds[i]
+                present += 1
+            else:
+                ent[i] = -1
+                bounds[i] = 0.0
+        if present == 0:
+            continue
+        heap_full = hn == k
+        heap_theta = hs[0] if heap_full else np.float32(0.0)
+        if prune and heap_full and np.float32(total * SLACK) <= heap_theta:
+            continue  # no document of this block can beat the k-th score so far
+        n_t = 0
+        if not prune or not exact_sum or present == 1:
+            for i in range(nq):
+                if ent[i] >= 0:
+                    n_t = _score_entry(postings, blk_start[ent[i]], blk_start[ent[i] + 1], weights[i], cache, norms,
+                                       base, acc, touched, n_t, shift, mask)
+            hn = _flush_block(acc, touched, n_t, base, hs, hd, hn, k)
+            continue
+        order = np.argsort(-bounds)
+        remaining[nq - 1] = 0.0
+        for i in range(nq - 2, -1, -1):
+            remaining[i] = remaining[i + 1] + bounds[order[i + 1]]
+        seen = 0.0
+        i = 0
+        switched = False
+        while i < present:
+            j = order[i]
+            n_t = _score_entry(postings, blk_start[ent[j]], blk_start[ent[j] + 1], weights[j], cache, norms, base,
+                               acc, touched, n_t, shift, mask)
+            seen += bounds[j]
+            i += 1
+            if i == present:
+                break
+            rest = remaining[i - 1] * SLACK
+            # An unseen document scores at most `rest`: it cannot enter if that is not above the heap's k-th
+            # score, nor if k documents of this block already score above it.
+            if heap_full and np.float32(rest) <= heap_theta:
                 switched = True
                 break
-    if not switched:
-        return topk_and_reset(acc, touched, n_t, k, doc_start, out_docs, out_scores, np.float32(0.0))
-    n_c = n_t
-    view = touched
-    is_sorted = False
-    while i < nq and bounds[order[i]] > 0.0:
-        theta = kth_largest(acc, view, n_c, k)
-        n_c = prune_candidates(acc, view, n_c, remaining[i - 1] * slack, theta, cands)
-        view = cands
-        j = order[i]
-        t = term_ids[j]
-        n_post = np.int64(blk_start[term_ptr[t + 1]]) - np.int64(blk_start[term_ptr[t]])
-        if n_c * 24 < n_post:
-            if not is_sorted:  # pruning keeps the order, so one sort serves every later term
-                cands[:n_c].sort()
-                is_sorted = True
-            rescore_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, t, weights[j], block_size,
-                               tf_bits, doc_start, acc, cands, n_c)
-        else:
-            scan_candidates(postings, term_ptr, blk_id, blk_start, norms, cache, t, weights[j], block_size,
-                            tf_bits, doc_start, acc)
-        i += 1
-    return topk_and_reset(acc, view, n_c, k, doc_start, out_docs, out_scores, np.float32(0.0))
-
-
-@njit(nogil=True, cache=True)
-def term_max_q(term_ptr, blk_maxq):
-    """Per term, the max over its block entries of ``blk_maxq`` (0 where the term is absent)."""
-    V = term_ptr.size - 1
-    out = np.zeros(V, dtype=np.float32)
-    for t in range(V):
-        m = np.float32(0.0)
-        for e in range(term_ptr[t], term_ptr[t + 1]):
-            if blk_maxq[e] > m:
-                m = blk_maxq[e]
-        out[t] = m
-    return out
-
-
-@njit(nogil=True, cache=True)
-def general_max_q(term_ptr, blk_maxtf, blk_minnorm, cache, term_ids):
-    """Per query term, a bound on q valid for any k1/b: max over entries of f32(maxtf * cache[minnorm])."""
-    out = np.zeros(term_ids.size, dtype=np.float32)
-    for i in range(term_ids.size):
-        t = term_ids[i]
-        m = np.float32(0.0)
-        for e in range(term_ptr[t], term_ptr[t + 1]):
-            q = np.float32(blk_maxtf[e]) * cache[blk_minnorm[e]]
-            if q > m:
-                m = q
-        out[i] = m
-    return out
+            if n_t >= k and rest < seen and _count_above(acc, touched, n_t, rest, k):
+                switched = True
+                break
+        if not switched:
+            hn = _flush_block(acc, touched, n_t, base, hs, hd, hn, k)
+            continue
+        n_c = n_t
+        src = touched
+        is_sorted = False
+        while i < present:
+            local_theta = _kth_largest(acc, src, n_c, k)
+            n_c = _prune(acc, src, n_c, remaining[i - 1] * SLACK, local_theta, heap_full, heap_theta, cands)
+            src = cands
+            j = order[i]
+            lo = blk_start[ent[j]]
+            hi = blk_start[ent[j] + 1]
+            if n_c * 24 < hi - lo:
+                if not is_sorted:  # pruning keeps the order, so one sort serves every later term
+                    cands[:n_c].sort()
+                    is_sorted = True
+                _probe_entry(postings, np.int64(lo), np.int64(hi), weights[j], cache, norms, base, acc, cands, n_c,
+                             shift, mask)
+            else:
+                _scan_entry(postings, lo, hi, weights[j], cache, norms, base, acc, shift, mask)
+            i += 1
+        hn = _flush_block(acc, src, n_c, base, hs, hd, hn, k)
+    return hn
