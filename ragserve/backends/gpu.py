@@ -269,15 +269,12 @@ class GpuBackend(Backend):
         if not sel.any():
             return
         it = items.take(sel)
-        e0, pbase, rowoff = e0[sel], pbase[sel], it.row * self.num_docs
+        args = (it.a, it.n, e0[sel], it.ne, pbase[sel], it.row * self.num_docs, it.w)
+        tail = (self._post, self._bid, self._bst, self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
         if self.kernel == "triton":
-            item, j, start, cnt = self._planner.entries(it)
-            K.score_triton(e0[item] + j, pbase[item] + start, cnt, rowoff[item], it.w[item], self._post, self._bid,
-                           self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift, atomic=atomic)
+            K.score_triton(*args, *tail, atomic=atomic)
         else:
-            args = (it.a, it.n, e0, it.ne, pbase, rowoff, it.w)
-            K.score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), self._post,
-                          self._bid, self._bst, self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
+            K.score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), *tail)
 
     def _stage(self, s: int, items: Items) -> tuple[np.ndarray, np.ndarray]:
         """Copy the postings and entries the items need from host shard ``s`` into the staging area.

@@ -62,12 +62,3 @@ class ItemPlanner:
         n = self.blk_start[self.offsets[shard] + e1].astype(np.int64) - a
         return Items(a=a, n=n, e0=e0, ne=e1 - e0, shard=shard.astype(np.int64), term=terms[k], row=rows[k],
                      slot=slots[k], w=weights[k])
-
-    def entries(self, items: Items) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Block entries of the items: (item index, entry position within its item, first posting
-        (shard-local), number of postings) per entry, in item order."""
-        item = np.repeat(np.arange(len(items), dtype=np.int64), items.ne)
-        j = np.arange(item.size, dtype=np.int64) - np.repeat(np.cumsum(items.ne) - items.ne, items.ne)
-        at = self.offsets[items.shard[item]] + items.e0[item] + j
-        start = self.blk_start[at].astype(np.int64)
-        return item, j, start, self.blk_start[at + 1].astype(np.int64) - start

@@ -58,19 +58,33 @@ def score_torch(a, n, e0, ne, pbase, rowoff, w, post, bid, bst, norms, cache, ac
 if triton is not None:
 
     @triton.jit
-    def _score_kernel(units, n_units, post, bid, norms, cache, acc, tf_bits, tf_mask, block_shift,
-                      ATOMIC: tl.constexpr, CHUNK_: tl.constexpr):
-        # One program: up to CHUNK_ postings of one block entry, so the block (hence the docid base) is a scalar.
+    def _score_kernel(items, n_items, post, bid, bst, norms, cache, acc, tf_bits, tf_mask, block_shift,
+                      search_steps, ATOMIC: tl.constexpr, CHUNK_: tl.constexpr):
+        # items: 8 rows of n_items values (first program, a, n, e0, ne, pbase, rowoff, weight bits), then the
+        # item of each program.
         pid = tl.program_id(0)
-        p0 = tl.load(units + pid)
-        n = tl.load(units + n_units + pid)
-        ent = tl.load(units + 2 * n_units + pid)
-        rowoff = tl.load(units + 3 * n_units + pid)
-        w = tl.load(units + 4 * n_units + pid).to(tl.int32).to(tl.float32, bitcast=True)
-        blk = tl.load(bid + ent).to(tl.uint32, bitcast=True).to(tl.int64)
-        offs = tl.arange(0, CHUNK_)
-        m = offs < n
-        p = tl.load(post + p0 + offs, mask=m, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
+        it = tl.load(items + 8 * n_items + pid)
+        c0 = tl.load(items + it)
+        a = tl.load(items + n_items + it)
+        n = tl.load(items + 2 * n_items + it)
+        e0 = tl.load(items + 3 * n_items + it)
+        ne = tl.load(items + 4 * n_items + it)
+        pbase = tl.load(items + 5 * n_items + it)
+        rowoff = tl.load(items + 6 * n_items + it)
+        w = tl.load(items + 7 * n_items + it).to(tl.int32).to(tl.float32, bitcast=True)
+        j = a + (pid - c0) * CHUNK_ + tl.arange(0, CHUNK_).to(tl.int64)
+        m = j < a + n
+        p = tl.load(post + pbase + j, mask=m, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
+        # Block entry of each posting: the last e in [e0, e0 + ne) with blk_start[e] <= j (binary search).
+        lo = tl.zeros([CHUNK_], dtype=tl.int64) + e0
+        hi = lo + ne
+        for _ in range(search_steps):
+            open_ = (hi - lo) > 1
+            mid = (lo + hi) >> 1
+            v = tl.load(bst + mid, mask=m & open_, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
+            lo = tl.where(open_ & (v <= j), mid, lo)
+            hi = tl.where(open_ & (v > j), mid, hi)
+        blk = tl.load(bid + lo, mask=m, other=0).to(tl.int64)
         doc = (blk << block_shift) + (p >> tf_bits)
         tf = p & tf_mask
         nrm = tl.load(norms + doc, mask=m, other=0).to(tl.int32)
@@ -111,23 +125,24 @@ if triton is not None:
         tl.store(out_score + pos, s, mask=ok)
 
 
-def score_triton(ent: np.ndarray, pos0: np.ndarray, cnt: np.ndarray, rowoff: np.ndarray, w: np.ndarray,
-                 post, bid, norms, cache, acc_flat, tf_bits: int, block_shift: int, atomic: bool,
-                 num_warps: int = 4) -> None:
-    """Launch the fused kernel over block entries planned on the host (numpy, one value per entry):
-    arena entry index, arena index of its first posting, postings, row offset, term weight."""
-    if ent.size == 0:
+def score_triton(a: np.ndarray, n: np.ndarray, e0: np.ndarray, ne: np.ndarray, pbase: np.ndarray,
+                 rowoff: np.ndarray, w: np.ndarray, post, bid, bst, norms, cache, acc_flat, tf_bits: int,
+                 block_shift: int, atomic: bool, num_warps: int = 4) -> None:
+    """Launch the fused kernel over host-planned items (numpy arrays); one program per CHUNK postings."""
+    if a.size == 0:
         return
-    chunks = (cnt + CHUNK - 1) // CHUNK
-    e = np.repeat(np.arange(ent.size), chunks)
-    c = np.arange(e.size, dtype=np.int64) - np.repeat(np.cumsum(chunks) - chunks, chunks)
-    units = np.stack([pos0[e] + c * CHUNK, np.minimum(cnt[e] - c * CHUNK, CHUNK), ent[e], rowoff[e],
-                      np.ascontiguousarray(w, dtype=np.float32).view(np.int32)[e].astype(np.int64)])
-    dev = acc_flat.device
-    u = torch.from_numpy(units).pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else torch.from_numpy(units)
+    chunks = (n + CHUNK - 1) // CHUNK
+    c0 = np.cumsum(chunks) - chunks
+    units = int(chunks.sum())
+    wbits = np.ascontiguousarray(w, dtype=np.float32).view(np.int32).astype(np.int64)
+    table = np.concatenate([c0, a, n, e0, ne, pbase, rowoff, wbits,
+                            np.repeat(np.arange(a.size, dtype=np.int64), chunks)])
+    items = torch.from_numpy(table).to(acc_flat.device)  # one host-to-device copy per launch
+    steps = int(ne.max()).bit_length()
     # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
-    _score_kernel[(e.size,)](u, e.size, post, bid, norms, cache, acc_flat, tf_bits, (1 << tf_bits) - 1, block_shift,
-                             ATOMIC=atomic, CHUNK_=CHUNK, num_warps=num_warps, enable_fp_fusion=False)
+    _score_kernel[(units,)](items, a.size, post, bid, bst, norms, cache, acc_flat, tf_bits, (1 << tf_bits) - 1,
+                            block_shift, steps, ATOMIC=atomic, CHUNK_=CHUNK, num_warps=num_warps,
+                            enable_fp_fusion=False)
 
 
 GROUP, GROUPS_PER_PROGRAM, COLLECT_BLOCK = 32, 64, 2048
