@@ -165,7 +165,7 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
             lat.append(time.perf_counter() - t)
         lat = np.array(lat)
         ratio = lat / (fb / bw)
-        r["gpu"] = {"p50_ms": percentile(lat * 1e3, 50), "p99_ms": percentile(lat * 1e3, 99),
+        r["gpu"] = {"p50_ms": percentile(lat * 1e3, 50), "p99_ms": percentile(lat * 1e3, 99), "mean_ms": lat.mean() * 1e3,
                     "floor_ratio_p50": percentile(ratio, 50), "floor_ratio_large_p50": percentile(ratio[large], 50),
                     "large_achieved_GBps_p50": percentile(fb[large] / lat[large] / 1e9, 50)}
         nb = min(args.batch_n, len(analysed))
@@ -218,6 +218,7 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
         lat_n = np.array(lat_n)
         ratio_n = lat_n / (fb[:nn] / bw)
         r["naive"] = {"n": nn, "p50_ms": percentile(lat_n * 1e3, 50), "p99_ms": percentile(lat_n * 1e3, 99),
+                      "mean_ms": lat_n.mean() * 1e3 if nn else float("nan"),
                       "floor_ratio_p50": percentile(ratio_n, 50),
                       "floor_ratio_large_p50": percentile(ratio_n[large[:nn]], 50),
                       "batch_qps": nn / lat_n.sum() if nn else float("nan")}
@@ -227,7 +228,7 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
             nc = min(args.cpu_n, len(analysed))
             cpu.search_terms([analysed[0]], k, k1, b)
             lat_c = []
-            for q in analysed[:nc]:
+            for q in analysed[:min(nc, args.cpu_single_n or nc)]:
                 t = time.perf_counter()
                 cpu.search_terms([q], k, k1, b)
                 lat_c.append(time.perf_counter() - t)
@@ -235,10 +236,11 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
             t = time.perf_counter()
             cres = cpu.search_terms(analysed[:nc], k, k1, b)
             dtc = time.perf_counter() - t
-            mc = min(nc, n_single)
+            mc = min(lat_c.size, n_single)
             ratio_c = lat_c[:mc] / (fb[:mc] / bw)
-            r["cpu"] = {"n": nc, "threads": cpu.threads, "p50_ms": percentile(lat_c * 1e3, 50),
-                        "p99_ms": percentile(lat_c * 1e3, 99), "floor_ratio_p50": percentile(ratio_c, 50),
+            r["cpu"] = {"n": nc, "n_single": int(lat_c.size), "threads": cpu.threads,
+                        "p50_ms": percentile(lat_c * 1e3, 50), "p99_ms": percentile(lat_c * 1e3, 99),
+                        "mean_ms": lat_c.mean() * 1e3, "floor_ratio_p50": percentile(ratio_c, 50),
                         "batch_qps": nc / dtc}
             same = [np.array_equal(x.docids, y.docids) and np.array_equal(x.scores.view(np.int32), y.scores.view(np.int32))
                     for x, y in zip(gres, cres)]
@@ -290,6 +292,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64, help="queries per gpu batch")
     ap.add_argument("--batch-n", type=int, default=2000, help="queries in the gpu throughput run")
     ap.add_argument("--cpu-n", type=int, default=200, help="queries for the cpu backend (latency, throughput, parity)")
+    ap.add_argument("--cpu-single-n", type=int, default=0,
+                    help="of those, how many are timed one at a time (default: all)")
     ap.add_argument("--naive-n", type=int, default=100)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kernel", default="auto", choices=("auto", "triton", "torch"))

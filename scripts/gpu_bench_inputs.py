@@ -1,0 +1,58 @@
+"""Inputs of ``scripts/bench_gpu.py`` from ../shared/data: three small indexes and the HotpotQA questions.
+
+    python scripts/gpu_bench_inputs.py OUT_DIR
+
+- ``OUT_DIR/idx/arguana``: BEIR ArguAna (title + text), default layout;
+- ``OUT_DIR/idx/hotpot``: the HotpotQA dev (IRCoT, 500 questions) paragraphs, one document per distinct
+  (title, paragraph_text), as the tests' ``hotpot_index`` fixture does, default layout;
+- ``OUT_DIR/idx/ref``: those paragraphs + the DPR wiki18 passage sample + the WikiExtractor sample: the
+  reference of real Wikipedia text whose document frequencies map real queries onto a synthetic vocabulary;
+- ``OUT_DIR/topics/hotpot.questions.tsv``: ``question_id<TAB>question`` for the 500 questions.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from indexer.writer import BuildOptions, build_index  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(sys.argv[1])
+    (out / "topics").mkdir(parents=True, exist_ok=True)
+    paragraphs = out / "hotpot_paragraphs.jsonl"
+    seen: set = set()
+    with open(DATA / "hotpotqa-dev500-ircot" / "dev_subsampled.jsonl") as f, open(paragraphs, "w") as p, \
+            open(out / "topics" / "hotpot.questions.tsv", "w") as q:
+        for line in f:
+            rec = json.loads(line)
+            q.write(f"{rec['question_id']}\t{' '.join(rec['question_text'].split())}\n")
+            for c in rec["contexts"]:
+                key = (c["title"], c["paragraph_text"])
+                if key not in seen:
+                    seen.add(key)
+                    p.write(json.dumps({"_id": f"p{len(seen) - 1}", "title": c["title"],
+                                        "text": c["paragraph_text"]}) + "\n")
+    corpora = {
+        "arguana": [DATA / "beir-arguana" / "corpus.jsonl.gz"],
+        "hotpot": [paragraphs],
+        "ref": [paragraphs, DATA / "wiki18-100w-passages-sample" / "sample_data.jsonl",
+                DATA / "enwiki-wikiextractor-json-sample" / "wiki_00"],
+    }
+    for name, inputs in corpora.items():
+        if not (out / "idx" / name).exists():
+            m = build_index(inputs, out / "idx" / name, BuildOptions(progress=False))
+            print(f"{name}: {m['stats']['num_docs']:,} docs, {m['stats']['num_postings']:,} postings")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
