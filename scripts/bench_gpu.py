@@ -1,8 +1,9 @@
 """GPU backend benchmark: gpu vs cpu backend vs a naive torch scorer, against the memory-bandwidth floor.
 
     python scripts/bench_gpu.py --real arguana IDX TOPICS --real hotpot IDX TOPICS --json out.json
-    python scripts/bench_gpu.py --synth dpr21m 21000000 --synth-topics nq.txt msmarco.tsv \
+    python scripts/bench_gpu.py --synth dpr21m 21000000 --synth-topics nq=NQ_TOPICS msmarco=MSMARCO_TOPICS \
         --reference REF_IDX --workdir /tmp/synth --json out.json
+(``scripts/gpu_bench_inputs.py`` builds the real indexes and the reference index.)
 
 One run measures the device copy bandwidth once (a device-to-device copy, bytes read + written), then per
 corpus and query set:

@@ -109,6 +109,21 @@ def test_streamed_shards_give_the_same_results(arguana, hotpot):
         assert_parity(g, cpu, queries[::step], 10)
 
 
+def test_staging_a_batch_that_needs_every_term_of_a_shard(tmp_path):
+    """Staged terms carry one end sentinel each: a query with all of a shard's terms must still fit."""
+    docs = [_Doc(f"d{i}", "", ["apple banana", "cherry", "apple", "banana cherry apple"][i % 4]) for i in range(400)]
+    build_index_from_documents(docs, tmp_path / "idx", BuildOptions(block_size=16, bank_bytes=2048, progress=False))
+    reader = IndexReader(tmp_path / "idx")
+    sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in reader.shards]
+    g = GpuBackend(reader, device="cpu", memory_bytes=plan_memory(reader.num_docs, sizes, 1 << 40, 1).total_bytes - 1)
+    assert g.describe()["streamed_shards"] >= 1
+    s = Searcher(reader, backend="cpu")
+    q = [s.analyze("apple banana cherry"), s.analyze("cherry"), s.analyze("banana apple")]
+    for k in (5, 400):
+        for got, want in zip(g.search_terms(q, k, reader.k1, reader.b), s.backend.search_terms(q, k, reader.k1, reader.b)):
+            assert same(got, want)
+
+
 def test_memory_plan_error_is_clear(arguana):
     reader = arguana[0]
     with pytest.raises(MemoryPlanError, match="needs at least .* bytes of device memory"):
@@ -122,12 +137,13 @@ def test_plan_memory_placement():
     p = plan_memory(1000, shards, 10**9, 8)
     assert p.resident == (0, 1, 2) and p.streamed == () and p.rows == 8 and p.staging_bytes == 0
     shard = 4 * 1000 + 8 * 11
-    budget = 1000 + 19_000 + shard + shard + 100  # norms, a row, staging, one resident shard
+    staging = 4 * 1000 + 8 * 20  # the largest shard's postings, and room for one end sentinel per entry
+    budget = 1000 + 19_000 + staging + shard + 100  # norms, a row, staging, one resident shard
     p = plan_memory(1000, shards, budget, 8)
     assert p.resident == (0,) and p.streamed == (1, 2) and p.rows == 1
-    assert p.total_bytes <= budget and p.index_bytes == 1000 + 2 * shard
+    assert p.total_bytes <= budget and p.index_bytes == 1000 + staging + shard
     with pytest.raises(MemoryPlanError):
-        plan_memory(1000, shards, 1000 + 19_000 + shard - 1, 8)
+        plan_memory(1000, shards, 1000 + 19_000 + staging - 1, 8)
 
 
 def test_k_bounds_and_empty_results(hotpot):

@@ -33,7 +33,7 @@ class MemoryPlan:
     streamed: tuple[int, ...]  # shard indexes staged from host memory per batch
     resident_bytes: int
     staging_postings: int  # capacity of the staging area, postings
-    staging_entries: int  # capacity of the staging area, entries (sentinel included)
+    staging_entries: int  # capacity of the staging area, entries (with the staged terms' end sentinels)
     rows: int  # queries scored at once
     row_bytes: int
 
@@ -67,7 +67,8 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
         stage_p = stage_e = 0
     else:
         stage_p = max(p for p, _ in shards)
-        stage_e = max(e for _, e in shards) + 1
+        # Staged terms each carry their end sentinel: at most one per entry (a term has >= 1 entry).
+        stage_e = 2 * max(e for _, e in shards)
         stage = shard_device_bytes(stage_p, stage_e - 1)
         room = budget - fixed - stage
         if room < 0:
