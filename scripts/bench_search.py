@@ -3,10 +3,12 @@
 
 Every engine runs in fresh subprocesses (one to build its index, one to search it), so peak RSS is each engine's
 own (``ru_maxrss`` of the process and of its largest child, e.g. ragserve's indexing workers). Per engine:
-- index: seconds to build the on-disk index from the corpus file (docs/s); for pyserini the corpus is first
+- index: seconds to build the on-disk index from the corpus file (docs/s) and CPU seconds of the process and its
+  children (steadier than wall time on a shared machine); for pyserini the corpus is first
   rewritten as BEIR files, one per thread (not timed); bm25s* times tokenisation + ``index`` (in memory).
 - single: each of the first ``--single`` queries alone, k=10, one thread (after ``--warmup`` untimed queries):
-  p50 / p99 latency in ms, from query text to ranked ids.
+  p50 / p99 latency in ms, from query text to ranked ids, and the p50 of the calling thread's CPU time (every
+  engine answers a single query in the calling thread, so this is its latency without the other jobs' load).
 - batch: all queries in one call with the engine's own parallelism (2 threads), queries per second.
 - agree@10: mean overlap of the engine's top-10 with ragserve's on the first 200 queries (the same Lucene BM25
   gives 1.0; other tokenizers or BM25 variants less).
@@ -52,6 +54,14 @@ def _percentile(xs: list[float], p: float) -> float:
     return float(np.percentile(np.asarray(xs), p)) if xs else float("nan")
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process (all threads) and its finished children."""
+    import resource
+
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
 def worker(args: argparse.Namespace) -> dict:
     """One engine, one phase, in this process; returns the measurements."""
     eng = E.ENGINES[args.worker]()
@@ -60,9 +70,10 @@ def worker(args: argparse.Namespace) -> dict:
     if args.phase in ("build", "all"):
         shutil.rmtree(index_dir, ignore_errors=True)
         n = sum(1 for _ in _docs(args.corpus)) if eng.name != "ragserve" else None
-        t0 = time.perf_counter()
+        c0, t0 = _cpu_s(), time.perf_counter()
         extra = eng.build(_docs(args.corpus), index_dir, args.corpus)
         out["index_s"] = time.perf_counter() - t0
+        out["index_cpu_s"] = _cpu_s() - c0
         out["docs"] = n
         out.update(extra)
         out["index_bytes"] = E.dir_bytes(index_dir)
@@ -77,14 +88,15 @@ def worker(args: argparse.Namespace) -> dict:
         out["open_s"] = time.perf_counter() - t0
         for q in queries[:warmup]:
             eng.search(q, args.k)
-        lat = []
+        lat, cpu = [], []
         single = queries[:n_single]
         for q in single:
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             eng.search(q, args.k)
             lat.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
         out.update(single_queries=len(single), p50_ms=_percentile(lat, 50) * 1e3, p99_ms=_percentile(lat, 99) * 1e3,
-                   mean_ms=sum(lat) / len(lat) * 1e3)
+                   mean_ms=sum(lat) / len(lat) * 1e3, cpu_p50_ms=_percentile(cpu, 50) * 1e3)
         if isinstance(eng, E.Pyserini):
             raw = []
             for q in single:
@@ -135,9 +147,9 @@ def fmt(v, spec: str) -> str:
 
 def report(results: list[dict], args: argparse.Namespace) -> str:
     base = next((r for r in results if r["engine"] == "ragserve" and "error" not in r), None)
-    rows = ["| engine | index s | docs/s | index MiB | build peak RSS MiB | p50 ms | p99 ms | batch QPS "
-            "| search peak RSS MiB | agree@10 | p50 / ragserve | QPS ragserve / engine |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| engine | index s | index CPU s | docs/s | index MiB | build peak RSS MiB | p50 ms | p99 ms "
+            "| CPU p50 ms | batch QPS | search peak RSS MiB | agree@10 | p50 / ragserve | QPS ragserve / engine |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in results:
         if "error" in r:
@@ -148,9 +160,10 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
         agree = agreement(r["top10"], base["top10"]) if base else None
         p50_ratio = r["p50_ms"] / base["p50_ms"] if base else None
         qps_ratio = base["batch_qps"] / r["batch_qps"] if base and r.get("batch_qps") else None
-        rows.append(f"| {r['engine']} | {fmt(r.get('index_s'), '.1f')} | {fmt(dps, ',.0f')} "
-                    f"| {fmt(r.get('index_bytes', 0) / 2**20, ',.0f')} | {fmt(r.get('build_rss_mib'), ',.0f')} "
-                    f"| {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {fmt(r.get('batch_qps'), ',.0f')} "
+        rows.append(f"| {r['engine']} | {fmt(r.get('index_s'), '.1f')} | {fmt(r.get('index_cpu_s'), '.1f')} "
+                    f"| {fmt(dps, ',.0f')} | {fmt(r.get('index_bytes', 0) / 2**20, ',.0f')} "
+                    f"| {fmt(r.get('build_rss_mib'), ',.0f')} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
+                    f"| {r['cpu_p50_ms']:.3f} | {fmt(r.get('batch_qps'), ',.0f')} "
                     f"| {fmt(r.get('search_rss_mib'), ',.0f')} | {fmt(agree, '.3f')} | {fmt(p50_ratio, '.2f')} "
                     f"| {fmt(qps_ratio, '.2f')} |")
         if r["engine"] == "pyserini":
