@@ -107,28 +107,37 @@ class Analyzer:
             return token
         return self._stemmer.stem(token)
 
-    def analyze(self, text: str) -> list[str]:
-        """Index terms of ``text`` in order (stopwords removed, so the length is Lucene's)."""
-        # Lower-casing first is equivalent (segmentation ignores case, the possessive filter takes 's
-        # and 'S) and lets case variants share cache entries.
+    def tokens(self, text: str) -> list[str]:
+        """The token stream whose terms ``term`` gives: lower-cased first when the chain lower-cases, which is
+        equivalent (segmentation ignores case, the possessive filter takes 's and 'S) and lets case variants
+        share cache entries."""
         if self.config.lowercase:
             text = java_lower(text)
             pattern = _TOKEN if _NOT_LATIN1.search(text) else _TOKEN_LATIN1
         else:
             pattern = _TOKEN
         toks = pattern.findall(text)
+        limit = self.config.max_token_length
+        if toks and max(map(len, toks)) > limit:
+            toks = [tok[i:i + limit] for tok in toks for i in range(0, len(tok), limit)]
+        return toks
+
+    def term(self, token: str) -> str:
+        """The index term of one token ("" if the chain drops it), cached."""
+        term = self._cache.get(token)
+        if term is None:
+            term = self._term(token)
+            if len(self._cache) < 4_000_000:  # bounded: junk tokens must not grow it forever
+                self._cache[token] = term
+        return term
+
+    def analyze(self, text: str) -> list[str]:
+        """Index terms of ``text`` in order (stopwords removed, so the length is Lucene's)."""
+        toks = self.tokens(text)
         get = self._cache.get
         terms = [get(t) for t in toks]
         if None in terms:
-            limit = self.config.max_token_length
-            for i, term in enumerate(terms):
-                if term is None:
-                    tok = toks[i]
-                    if len(tok) > limit:
-                        return [t for t in map(self._term, self.tokenize(text)) if t]
-                    term = terms[i] = self._term(tok)
-                    if len(self._cache) < 4_000_000:  # bounded: junk tokens must not grow it forever
-                        self._cache[tok] = term
+            terms = [self.term(t) for t in toks]
         return [t for t in terms if t]
 
     def term_counts(self, text: str) -> tuple[Counter, int]:

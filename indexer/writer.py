@@ -49,34 +49,74 @@ class BuildOptions:
 # ---------------------------------------------------------------------------------------------
 # Analysis (runs in worker processes)
 
-_worker_analyzer: Analyzer | None = None
+class _ChunkAnalyser:
+    """Analysis state of one worker process: its own term ids, so only terms new to it cross to the main process.
+
+    Tokens map straight to worker-local term ids (-1 for a dropped token) through one dict lookup each.
+    """
+
+    def __init__(self, cfg: dict) -> None:
+        self.analyzer = Analyzer.from_config(cfg)
+        self.ids: dict[str, int] = {}  # token -> worker-local term id, or -1
+        self.term_ids: dict[str, int] = {}  # term -> worker-local term id
+        self.terms: list[str] = []
+        self.sent = 0  # terms already reported to the main process
+
+    def _token_id(self, tok: str) -> int:
+        term = self.analyzer.term(tok)
+        if not term:
+            tid = -1
+        else:
+            tid = self.term_ids.get(term)
+            if tid is None:
+                tid = self.term_ids[term] = len(self.terms)
+                self.terms.append(term)
+        if len(self.ids) < 4_000_000:
+            self.ids[tok] = tid
+        return tid
+
+    def chunk(self, texts: list[str]) -> tuple:
+        """Postings of a chunk of documents, grouped by document, in worker-local term ids.
+
+        Returns (worker id, terms new since the last chunk, local term id and tf per posting, distinct
+        terms per doc, length per doc, the chunk's distinct local term ids and their document counts).
+        """
+        get = self.ids.get
+        flat: list[int] = []
+        raw = np.empty(len(texts), dtype=np.int64)
+        for i, text in enumerate(texts):
+            toks = self.analyzer.tokens(text)
+            ids = [get(t) for t in toks]
+            if None in ids:
+                ids = [get(t) if get(t) is not None else self._token_id(t) for t in toks]
+            raw[i] = len(ids)
+            flat.extend(ids)
+        ids_a = np.asarray(flat, dtype=np.int64)
+        doc_of = np.repeat(np.arange(len(texts), dtype=np.int64), raw)
+        keep = ids_a >= 0
+        ids_a, doc_of = ids_a[keep], doc_of[keep]
+        lengths = np.bincount(doc_of, minlength=len(texts)).astype(np.int64)
+        width = max(len(self.terms), 1)
+        keys, tfs = np.unique(doc_of * width + ids_a, return_counts=True)
+        local = keys % width
+        uniq = np.bincount(keys // width, minlength=len(texts)).astype(np.int32)
+        chunk_terms, chunk_df = np.unique(local, return_counts=True)
+        new = self.terms[self.sent:]
+        self.sent = len(self.terms)
+        return os.getpid(), new, local, tfs.astype(np.int64), uniq, lengths, chunk_terms, chunk_df
+
+
+_worker: _ChunkAnalyser | None = None
 
 
 def _init_worker(cfg: dict) -> None:
-    global _worker_analyzer
-    _worker_analyzer = Analyzer.from_config(cfg)
+    global _worker
+    _worker = _ChunkAnalyser(cfg)
 
 
-def _analyse_chunk(texts: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Term strings local to the chunk, and per posting: local term index and tf; per doc: #terms, length.
-
-    Postings come out grouped by document (docs in order), as the writer expects.
-    """
-    assert _worker_analyzer is not None
-    analyze = _worker_analyzer.analyze
-    all_terms: list[str] = []
-    lengths = np.empty(len(texts), dtype=np.int64)
-    for i, text in enumerate(texts):
-        terms = analyze(text)
-        lengths[i] = len(terms)
-        all_terms.extend(terms)
-    local: dict[str, int] = {}
-    ids = np.fromiter((local.setdefault(t, len(local)) for t in all_terms), dtype=np.int64, count=len(all_terms))
-    doc_of = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)
-    width = max(len(local), 1)
-    keys, tfs = np.unique(doc_of * width + ids, return_counts=True)
-    uniq = np.bincount(keys // width, minlength=len(texts)).astype(np.int32)
-    return list(local), (keys % width).astype(np.int32), tfs.astype(np.int64), uniq, lengths
+def _analyse_chunk(texts: list[str]) -> tuple:
+    assert _worker is not None
+    return _worker.chunk(texts)
 
 
 def _indexed_text(title: str, text: str) -> str:
@@ -115,6 +155,7 @@ class _Ingest:
         self.tmp = tmp
         self.opts = opts
         self.vocab: dict[str, int] = {}
+        self._worker_maps: dict[int, _Growable] = {}
         self.df = _Growable(np.int64)
         self.stamp = _Growable(np.int64)  # last block in which a provisional term was seen
         self.lengths = _Growable(np.int64)
@@ -149,18 +190,24 @@ class _Ingest:
             setattr(self, attr, int(offs[-1]) if len(offs) else getattr(self, attr))
 
     def add_chunk(self, result: tuple) -> None:
-        terms, term_idx, tfs, uniq, lengths = result
+        wid, new_terms, local, tfs, uniq, lengths, chunk_terms, chunk_df = result
         n = uniq.size
-        prov = np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in terms), dtype=np.int64, count=len(terms))
-        self.df.ensure(len(self.vocab))
-        self.df.n = len(self.vocab)
-        self.stamp.ensure(len(self.vocab))
-        if self.stamp.n < len(self.vocab):
-            self.stamp.a[self.stamp.n: len(self.vocab)] = -1
-            self.stamp.n = len(self.vocab)
-        tids = prov[term_idx]
+        # worker-local term id -> provisional global id (first-seen order), extended with the worker's new terms
+        wmap = self._worker_maps.setdefault(wid, _Growable(np.int64))
+        if new_terms:
+            wmap.extend(np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in new_terms),
+                                    dtype=np.int64, count=len(new_terms)))
+        V = len(self.vocab)
+        self.df.ensure(V)
+        self.df.n = V
+        self.stamp.ensure(V)
+        if self.stamp.n < V:
+            self.stamp.a[self.stamp.n: V] = -1
+            self.stamp.n = V
+        tids = wmap.a[local]
+        chunk_tids = wmap.a[chunk_terms]
+        self.df.a[chunk_tids] += chunk_df
         docs = np.repeat(np.arange(self.num_docs, self.num_docs + n, dtype=np.int64), uniq)
-        np.add.at(self.df.a, tids, 1)
         if tfs.size:
             self.max_tf = max(self.max_tf, int(tfs.max()))
         self.sum_total_tf += int(lengths.sum())
@@ -168,17 +215,21 @@ class _Ingest:
         # Split the chunk at doc block boundaries so runs and block statistics stay per block.
         bs = self.opts.block_size
         start_doc = self.num_docs
-        doc_pos = np.concatenate(([0], np.cumsum(uniq)))
-        d = start_doc
-        while d < start_doc + n:
-            block = d // bs
-            block_end_doc = min((block + 1) * bs, start_doc + n)
-            p0, p1 = doc_pos[d - start_doc], doc_pos[block_end_doc - start_doc]
-            self._add_block_part(block, tids[p0:p1], docs[p0:p1], tfs[p0:p1])
-            d = block_end_doc
+        if start_doc // bs == (start_doc + n - 1) // bs:
+            self._add_block_part(start_doc // bs, tids, docs, tfs, chunk_tids)
+        else:
+            doc_pos = np.concatenate(([0], np.cumsum(uniq)))
+            d = start_doc
+            while d < start_doc + n:
+                block = d // bs
+                block_end_doc = min((block + 1) * bs, start_doc + n)
+                p0, p1 = doc_pos[d - start_doc], doc_pos[block_end_doc - start_doc]
+                self._add_block_part(block, tids[p0:p1], docs[p0:p1], tfs[p0:p1], np.unique(tids[p0:p1]))
+                d = block_end_doc
         self.num_docs += n
 
-    def _add_block_part(self, block: int, tids: np.ndarray, docs: np.ndarray, tfs: np.ndarray) -> None:
+    def _add_block_part(self, block: int, tids: np.ndarray, docs: np.ndarray, tfs: np.ndarray,
+                        distinct: np.ndarray) -> None:
         if block != self._buf_block:
             self._flush()
             self._buf_block = block
@@ -187,10 +238,9 @@ class _Ingest:
             self.block_entries.append(0)
         self.block_postings[block] += tids.size
         # Count distinct terms of the block: a term is new to it if its stamp is not this block.
-        u = np.unique(tids)
-        new = self.stamp.a[u] != block
+        new = self.stamp.a[distinct] != block
         self.block_entries[block] += int(new.sum())
-        self.stamp.a[u[new]] = block
+        self.stamp.a[distinct[new]] = block
         self._buf.append((tids, docs, tfs))
         self._buf_postings += tids.size
         if self._buf_postings >= self.opts.run_postings:
@@ -309,13 +359,13 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, rea
         with ctx.Pool(workers, initializer=_init_worker, initargs=(analyzer.config_dict(),)) as pool:
             for res in pool.imap(_analyse_chunk, prepared(), chunksize=1):
                 ing.add_chunk(res)
-                bar.docs(res[3].size)
+                bar.docs(res[4].size)
     else:
         _init_worker(analyzer.config_dict())
         for texts in prepared():
             res = _analyse_chunk(texts)
             ing.add_chunk(res)
-            bar.docs(res[3].size)
+            bar.docs(res[4].size)
     bar.close()
     ing.finish_streams()
     if ing.num_docs == 0:
@@ -383,20 +433,9 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
         d = tmp / L.shard_dirname(si)
         d.mkdir()
         parts = [np.load(p) for blk in range(b0, b1) for p in runs_by_block.get(blk, [])]
-        if parts:
-            keys = np.concatenate([(remap[p["tids"].astype(np.int64)].astype(np.uint64) << np.uint64(32))
-                                   | p["docs"].astype(np.uint64) for p in parts])
-            tf_all = np.concatenate([p["tfs"] for p in parts]).astype(np.uint32)
-            order = np.argsort(keys, kind="stable")
-            keys = keys[order]
-            tf_all = tf_all[order]
-            del order
-        else:
-            keys = np.zeros(0, np.uint64)
-            tf_all = np.zeros(0, np.uint32)
-        tid = (keys >> np.uint64(32)).astype(np.int64)
-        doc = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        del keys
+        tid, doc, tf_all = _sorted_postings(parts, remap, b0 * block_size, min(b1 * block_size, n) - b0 * block_size,
+                                            V, tf_bits)
+        del parts
         blk = doc >> log2_bs
         P = tid.size
         change = np.ones(P, dtype=bool)
@@ -423,7 +462,7 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
         shard_meta.append({"dir": d.name, "doc_start": doc_start, "doc_end": doc_end, "block_start": b0,
                            "block_end": b1, "postings": int(P), "entries": int(E),
                            "bytes": L.shard_bytes(P, E, V, doc_end - doc_start)})
-        del tid, doc, blk, packed, tf_all, dnorm, parts
+        del tid, doc, blk, packed, tf_all, dnorm
 
     shutil.rmtree(tmp / "_runs")
     files = {}
@@ -455,6 +494,30 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
         f.flush()
         os.fsync(f.fileno())
     return manifest
+
+
+def _sorted_postings(parts: list, remap: np.ndarray, doc_start: int, n_docs: int, V: int,
+                     tf_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A shard's postings from its runs, ordered by (final term id, docid): (tid, doc, tf) arrays.
+
+    (term, doc) pairs are unique, so term, local doc and tf pack into one u64 key whenever they fit, and a
+    plain in-place sort replaces an argsort and two gathers.
+    """
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint32)
+    tids = np.concatenate([remap[p["tids"].astype(np.int64)] for p in parts])
+    docs = np.concatenate([p["docs"].astype(np.int64) for p in parts]) - doc_start
+    tfs = np.concatenate([p["tfs"] for p in parts]).astype(np.uint64)
+    if V * n_docs < (1 << (63 - tf_bits)):
+        keys = ((tids * n_docs + docs).astype(np.uint64) << np.uint64(tf_bits)) | tfs
+        del tids, docs, tfs
+        keys.sort()
+        tf_all = (keys & np.uint64((1 << tf_bits) - 1)).astype(np.uint32)
+        rest = (keys >> np.uint64(tf_bits)).astype(np.int64)
+        del keys
+        return rest // n_docs, rest % n_docs + doc_start, tf_all
+    order = np.lexsort((docs, tids))
+    return tids[order], docs[order] + doc_start, tfs[order].astype(np.uint32)
 
 
 def _sha256(path: Path) -> str:
