@@ -59,8 +59,9 @@ class Server:
                 self.send_header("Content-Length", str(len(body) - start))
                 self.end_headers()
                 chunk = body[start:] if server.cut_after is None else body[start:start + server.cut_after]
-                self.wfile.write(chunk)
+                # Counted before writing: the client may finish reading before this thread runs again.
                 server.sent += len(chunk)
+                self.wfile.write(chunk)
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.timeout = 5
