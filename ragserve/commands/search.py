@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remove-query", action="store_true",
                    help="drop a hit whose doc id equals the query id (BEIR ArguAna convention)")
     p.add_argument("--xclbin", help="FPGA bitstream for --backend fpga")
+    p.add_argument("--device", help="device of the backend: cuda:N for gpu (default cuda), an XRT device index for fpga")
     p.set_defaults(func=run)
 
 
@@ -35,7 +36,11 @@ def _searcher(args: argparse.Namespace):
     from indexer.reader import InvalidIndexError
     from ragserve.searcher import SearchError, Searcher
 
-    opts = {"xclbin": args.xclbin} if args.xclbin else {}
+    opts: dict = {}
+    if args.xclbin:
+        opts["xclbin"] = args.xclbin
+    if args.device:
+        opts["device"] = int(args.device) if args.device.isdigit() else args.device
     try:
         return Searcher(args.index, backend=args.backend, **opts)
     except (InvalidIndexError, SearchError) as e:
