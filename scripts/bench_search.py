@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             results.append({"engine": name, "error": f"does not import here: {why}"})
         elif name == "rank-bm25" and docs_total > args.rank_bm25_max_docs:
-            results.append({"engine": name, "error": f"skipped: O(N) per query, corpus over {args.rank_bm25_max_docs:,} docs"})
+            why = f"skipped: O(N) per query, corpus over {args.rank_bm25_max_docs:,} docs"
+            results.append({"engine": name, "error": why})
         else:
             results.append(run_engine(args, name))
     for r in results:

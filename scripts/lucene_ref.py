@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         secs = time.perf_counter() - t0
         print(f"searched {len(queries)} queries in {secs:.2f} s (k={args.k}, k1={args.k1}, b={args.b})")
         agree = pyserini_agreement(searcher, queries[:args.check])
-        print(f"pyserini LuceneSearcher gives the same top-10 (scores to 4 decimals) on {agree}/{min(args.check, len(queries))} queries")
+        checked = min(args.check, len(queries))
+        print(f"pyserini LuceneSearcher gives the same top-10 (scores to 4 decimals) on {agree}/{checked} queries")
         searcher.close()
     mean = evaluate(run, qrels, ("ndcg_cut_10", "recall_100", "recall_1000")).mean
     ranked = evaluate(as_engine_order(run), qrels, ("ndcg_cut_10",)).mean

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"max relative score difference (common docs in the top 100): {rep.max_rel_score_diff:.3g}")
     for engine in ("lucene", "ragserve"):
         e = rep.effectiveness[engine]
-        print(f"{engine:9s} nDCG@10 {e['ndcg_cut_10']:.4f} (trec_eval order; "
-              f"{rep.effectiveness_engine_order[engine]:.4f} in the engine's own tie order)  R@100 {e['recall_100']:.4f}")
+        own = rep.effectiveness_engine_order[engine]
+        print(f"{engine:9s} nDCG@10 {e['ndcg_cut_10']:.4f} (trec_eval order; {own:.4f} in the engine's own tie order)"
+              f"  R@100 {e['recall_100']:.4f}")
     delta = rep.effectiveness["ragserve"]["ndcg_cut_10"] - rep.effectiveness["lucene"]["ndcg_cut_10"]
     print(f"nDCG@10 difference ragserve - Lucene: {delta:+.4f}")
 
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if d is not None:
         print("collection statistics  Lucene:", d.lucene_stats)
         print("                      ragserve:", d.ragserve_stats)
-        print(f"documents whose length norm differs: {len(d.norm_mismatches)}{'+' if len(d.norm_mismatches) >= 20 else ''}"
-              f" {d.norm_mismatches[:5]}")
+        more = "+" if len(d.norm_mismatches) >= 20 else ""
+        print(f"documents whose length norm differs: {len(d.norm_mismatches)}{more} {d.norm_mismatches[:5]}")
         print(f"terms only in Lucene: {d.only_lucene[:10]}")
         print(f"terms only in ragserve: {d.only_ragserve[:10]}")
         print(f"terms whose df differs: {d.df_mismatches[:10]}")

@@ -27,7 +27,8 @@ def anserini_jar() -> Path:
     spec = importlib.util.find_spec("pyserini")
     if spec is None or not spec.submodule_search_locations:
         raise LuceneError("pyserini is not installed (pip install -e '.[dev]')")
-    jars = sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "resources", "jars", "anserini-*-fatjar.jar")))
+    jar_dir = os.path.join(spec.submodule_search_locations[0], "resources", "jars")
+    jars = sorted(glob.glob(os.path.join(jar_dir, "anserini-*-fatjar.jar")))
     if not jars:
         raise LuceneError("no anserini-*-fatjar.jar inside the pyserini package")
     return Path(jars[-1])
@@ -71,7 +72,8 @@ def index_beir(corpus: str | Path, index_dir: str | Path, threads: int = 1, stor
         return index_beir_dir(tmp, index_dir, threads, store_contents)
 
 
-def index_beir_dir(input_dir: str | Path, index_dir: str | Path, threads: int = 1, store_contents: bool = False) -> float:
+def index_beir_dir(input_dir: str | Path, index_dir: str | Path, threads: int = 1,
+                   store_contents: bool = False) -> float:
     """Index every BEIR JSONL file of ``input_dir`` (IndexCollection runs one thread per file); returns seconds."""
     index_dir = Path(index_dir)
     if index_dir.exists():

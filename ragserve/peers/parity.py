@@ -161,7 +161,8 @@ def build_both(corpus: Path, workdir: Path) -> tuple[Path, Path, dict[str, float
     lucene_dir, ours_dir = workdir / "lucene", workdir / "ragserve"
     secs = {"lucene": lucene.index_beir(corpus, lucene_dir, threads=1)}
     t0 = time.perf_counter()
-    build_index([corpus], ours_dir, BuildOptions(progress=False))
+    # One process: the writer's worker pool forks, and forking a process that runs a JVM can deadlock the child.
+    build_index([corpus], ours_dir, BuildOptions(progress=False, workers=1))
     secs["ragserve"] = time.perf_counter() - t0
     return lucene_dir, ours_dir, secs
 
