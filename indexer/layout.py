@@ -6,9 +6,7 @@ import numpy as np
 FORMAT_NAME = "ragserve-bm25"
 FORMAT_VERSION = 1
 
-# Docs per accumulator block: 128 KiB of f64 accumulators, in L2 cache on a CPU and in BRAM/URAM on an FPGA;
-# small blocks also make the per-block score bounds tight enough to skip blocks (measured: benchmarks/RESULTS.md).
-DEFAULT_BLOCK_SIZE = 1 << 14
+DEFAULT_BLOCK_SIZE = 1 << 18  # docs per accumulator block: 2 MiB of f64 accumulators, fits URAM
 DEFAULT_BANK_BYTES = 512 << 20  # one Alveo U55C HBM pseudo-channel (16 GiB / 32)
 ACCUMULATOR_BYTES_PER_DOC = 8  # f64 accumulators
 FIELD_SEPARATOR = "\x1f"  # between title and text in store.bin
