@@ -137,10 +137,6 @@ class IndexReader:
         title, _, text = rec.partition(L.FIELD_SEPARATOR)
         return title, text
 
-    def doc_length_bound(self, docid: int) -> int:
-        from indexer.norms import LENGTH_TABLE
-        return int(LENGTH_TABLE[int(self.norms[docid])])
-
     # -- postings ------------------------------------------------------------------------------
     def postings(self, term_id: int) -> tuple[np.ndarray, np.ndarray]:
         """All (docid, tf) of a term across shards, docid ascending (for tests and tools)."""

@@ -42,13 +42,6 @@ def check_params(k1: float, b: float) -> None:
         raise ValueError(f"b must be between 0 and 1, got {b!r}")
 
 
-def term_scores(w: np.float32, tf: np.ndarray, cache_of_docs: np.ndarray) -> np.ndarray:
-    """``s = w - w / (1 + tf * cache[norm])`` in f32 (vectorised reference)."""
-    w = np.float32(w)
-    q = tf.astype(np.float32) * cache_of_docs.astype(np.float32)
-    return (w - w / (np.float32(1.0) + q)).astype(np.float32)
-
-
 @dataclass(frozen=True)
 class QueryTerms:
     """An analysed query: distinct term ids ascending, with their boost (count in the query) and weight."""
