@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
+from numba import njit
 from tqdm import tqdm
 
 from indexer import layout as L
@@ -204,10 +205,11 @@ class _Ingest:
         if self.stamp.n < V:
             self.stamp.a[self.stamp.n: V] = -1
             self.stamp.n = V
-        tids = wmap.a[local]
+        tids = wmap.a[local].astype(np.uint32)  # runs hold u32 columns: FORMAT.md bounds ids and docids by 2^32
         chunk_tids = wmap.a[chunk_terms]
         self.df.a[chunk_tids] += chunk_df
-        docs = np.repeat(np.arange(self.num_docs, self.num_docs + n, dtype=np.int64), uniq)
+        docs = np.repeat(np.arange(self.num_docs, self.num_docs + n, dtype=np.uint32), uniq)
+        tfs = tfs.astype(np.uint32)
         if tfs.size:
             self.max_tf = max(self.max_tf, int(tfs.max()))
         self.sum_total_tf += int(lengths.sum())
@@ -249,12 +251,13 @@ class _Ingest:
     def _flush(self) -> None:
         if not self._buf:
             return
-        tids = np.concatenate([b[0] for b in self._buf])
-        docs = np.concatenate([b[1] for b in self._buf])
-        tfs = np.concatenate([b[2] for b in self._buf])
-        path = self.tmp / "_runs" / f"run_{len(self.runs):06d}.npz"
-        np.savez(path, tids=tids.astype(np.uint32), docs=docs.astype(np.uint32), tfs=tfs.astype(np.uint32))
-        self.runs.append((self._buf_block, path, int(tids.size)))
+        # A run file is three u32 columns back to back: provisional term ids, docids, tfs.
+        path = self.tmp / "_runs" / f"run_{len(self.runs):06d}.u32"
+        with open(path, "wb") as f:
+            for col in range(3):
+                for part in self._buf:
+                    f.write(part[col].tobytes())
+        self.runs.append((self._buf_block, path, self._buf_postings))
         self._buf, self._buf_postings = [], 0
 
     def finish_streams(self) -> None:
@@ -424,15 +427,15 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
         cur_e += be[blk]
     shards.append((cur_start, num_blocks))
 
-    runs_by_block: dict[int, list[Path]] = {}
-    for blk, path, _ in ing.runs:
-        runs_by_block.setdefault(blk, []).append(path)
+    runs_by_block: dict[int, list[tuple[Path, int]]] = {}
+    for blk, path, count in ing.runs:
+        runs_by_block.setdefault(blk, []).append((path, count))
     log2_bs = block_size.bit_length() - 1
     shard_meta = []
     for si, (b0, b1) in enumerate(tqdm(shards, desc="writing shards", disable=not opts.progress)):
         d = tmp / L.shard_dirname(si)
         d.mkdir()
-        parts = [np.load(p) for blk in range(b0, b1) for p in runs_by_block.get(blk, [])]
+        parts = [np.fromfile(p, dtype=np.uint32).reshape(3, c) for blk in range(b0, b1) for p, c in runs_by_block.get(blk, [])]
         tid, doc, tf_all = _sorted_postings(parts, remap, b0 * block_size, min(b1 * block_size, n) - b0 * block_size,
                                             V, tf_bits)
         del parts
@@ -496,28 +499,51 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
     return manifest
 
 
+@njit(cache=True)
+def _pack_keys(tids, docs, tfs, remap, doc_start, n_docs, tf_bits, out, pos):
+    for i in range(tids.size):
+        key = (remap[tids[i]] * n_docs + (np.int64(docs[i]) - doc_start)) << tf_bits
+        out[pos + i] = np.uint64(key | np.int64(tfs[i]))
+
+
+@njit(cache=True)
+def _unpack_keys(keys, n_docs, tf_bits, doc_start, tid, doc, tf):
+    mask = np.uint64((1 << tf_bits) - 1)
+    for i in range(keys.size):
+        k = keys[i]
+        tf[i] = np.uint32(k & mask)
+        rest = np.int64(k >> np.uint64(tf_bits))
+        tid[i] = rest // n_docs
+        doc[i] = rest % n_docs + doc_start
+
+
 def _sorted_postings(parts: list, remap: np.ndarray, doc_start: int, n_docs: int, V: int,
                      tf_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A shard's postings from its runs, ordered by (final term id, docid): (tid, doc, tf) arrays.
+    """A shard's postings from its runs (each a (3, n) u32 array: provisional term ids, docids, tfs), ordered by
+    (final term id, docid): (tid, doc, tf) arrays.
 
     (term, doc) pairs are unique, so term, local doc and tf pack into one u64 key whenever they fit, and a
-    plain in-place sort replaces an argsort and two gathers.
+    plain in-place sort replaces an argsort and its gathers.
     """
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint32)
-    tids = np.concatenate([remap[p["tids"].astype(np.int64)] for p in parts])
-    docs = np.concatenate([p["docs"].astype(np.int64) for p in parts]) - doc_start
-    tfs = np.concatenate([p["tfs"] for p in parts]).astype(np.uint64)
+    total = sum(p.shape[1] for p in parts)
     if V * n_docs < (1 << (63 - tf_bits)):
-        keys = ((tids * n_docs + docs).astype(np.uint64) << np.uint64(tf_bits)) | tfs
-        del tids, docs, tfs
+        keys = np.empty(total, dtype=np.uint64)
+        pos = 0
+        for p in parts:
+            _pack_keys(p[0], p[1], p[2], remap, doc_start, n_docs, tf_bits, keys, pos)
+            pos += p.shape[1]
         keys.sort()
-        tf_all = (keys & np.uint64((1 << tf_bits) - 1)).astype(np.uint32)
-        rest = (keys >> np.uint64(tf_bits)).astype(np.int64)
-        del keys
-        return rest // n_docs, rest % n_docs + doc_start, tf_all
+        tid = np.empty(total, np.int64)
+        doc = np.empty(total, np.int64)
+        tf = np.empty(total, np.uint32)
+        _unpack_keys(keys, n_docs, tf_bits, doc_start, tid, doc, tf)
+        return tid, doc, tf
+    tids = np.concatenate([remap[p[0].astype(np.int64)] for p in parts])
+    docs = np.concatenate([p[1].astype(np.int64) for p in parts])
     order = np.lexsort((docs, tids))
-    return tids[order], docs[order] + doc_start, tfs[order].astype(np.uint32)
+    return tids[order], docs[order], np.concatenate([p[2] for p in parts])[order]
 
 
 def _sha256(path: Path) -> str:

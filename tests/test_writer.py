@@ -188,3 +188,23 @@ def test_corrupt_or_partial_index_is_rejected(tmp_path):
     (tmp_path / "idx" / L.MANIFEST).write_text(json.dumps(m))
     with pytest.raises(InvalidIndexError, match="version"):
         IndexReader(tmp_path / "idx")
+
+
+def test_shard_sort_paths_agree():
+    """The packed-key sort and the lexsort fallback (for keys that would not fit 64 bits) give the same order."""
+    from indexer.writer import _sorted_postings
+
+    rng = np.random.default_rng(0)
+    parts = []
+    for d0 in (0, 500):
+        pairs = {(int(t), int(d)) for t, d in zip(rng.integers(0, 300, 4000), rng.integers(d0, d0 + 500, 4000))}
+        pairs = sorted(pairs, key=lambda x: (x[1], x[0]))  # runs come grouped by document
+        arr = np.array([[t for t, _ in pairs], [d for _, d in pairs], rng.integers(1, 60, len(pairs))], dtype=np.uint32)
+        parts.append(arr)
+    remap = rng.permutation(300).astype(np.int64)
+    packed = _sorted_postings(parts, remap, 0, 1000, 300, 6)
+    fallback = _sorted_postings(parts, remap, 0, 1000, 300, 60)  # 60 tf bits: the keys cannot fit
+    for a, b in zip(packed, fallback):
+        assert np.array_equal(a, b)
+    tid, doc, tf = packed
+    assert np.all((np.diff(tid) > 0) | ((np.diff(tid) == 0) & (np.diff(doc) > 0)))
