@@ -25,18 +25,26 @@ LUCENE_ENGLISH_STOPWORDS = frozenset(
     "there these they this to was will with".split()
 )
 
-# The `regex` module implements UAX#29 word boundaries under the WORD flag: a token starts
-# at a word character and runs until the next boundary. Han and Hiragana characters are
-# single-character segments under UAX#29, exactly as Lucene emits them.
-_TOKEN = regex.compile(r"\w(?:\B.)*", flags=regex.WORD | regex.V1)
+# The `regex` module implements UAX#29 word boundaries under the WORD flag: a token is a segment that
+# starts as Lucene's StandardTokenizer requires and runs until the next boundary. Han and Hiragana
+# characters are single-character segments under UAX#29, exactly as Lucene emits them.
+_TOKEN = regex.compile(
+    r"[\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]+"  # Lucene keeps a run of South-East Asian script whole
+    r"|\p{Regional_Indicator}{2}"  # a flag
+    r"|\p{Extended_Pictographic}(?:[\ufe0f\p{Emoji_Modifier}]|\u200d\p{Extended_Pictographic})*"  # emoji, as Lucene
+    # A word segment starts with a letter, digit, '_' or an ideograph; never with a lone combining mark or joiner.
+    r"|[\p{WB=ALetter}\p{WB=Hebrew_Letter}\p{WB=Numeric}\p{WB=Katakana}\p{WB=ExtendNumLet}\p{Ideographic}"
+    r"\p{Hiragana}](?:\B.)*",
+    flags=regex.WORD | regex.V1)
 # Fast path, 2x quicker: for lower-cased text made only of Latin-1 and common punctuation, UAX#29 reduces
 # to this pattern (letters, digits and '_' joined; MidLetter/MidNumLet between letters; MidNum/MidNumLet
 # between digits). It gives the same tokens as _TOKEN on such text (tests/test_analyzer_unit.py).
 _L1 = "a-z\u00aa\u00b5\u00ba\u00df-\u00f6\u00f8-\u00ff"
 _TOKEN_LATIN1 = re.compile(rf"[{_L1}0-9_]+(?:(?:(?<=[{_L1}])[:.'\u00b7\u2018\u2019](?=[{_L1}])"
                            rf"|(?<=[0-9])[,;.'\u2018\u2019](?=[0-9]))[{_L1}0-9_]+)*")
-_NOT_LATIN1 = re.compile("[^\x00-\x7f\u00a0-\u00ac\u00ae-\u00ff\u2010-\u2023\u2025\u2026"
-                         "\u2030-\u203e\u2041-\u2043\u2045-\u2053\u2055-\u205e]")
+# (c), (R), !! and ?! are emoji, which Lucene emits as tokens: text holding them takes the full path.
+_NOT_LATIN1 = re.compile("[^\x00-\x7f\u00a0-\u00a8\u00aa-\u00ac\u00af-\u00ff\u2010-\u2023\u2025\u2026"
+                         "\u2030-\u203b\u203d\u203e\u2041-\u2043\u2045-\u2048\u204a-\u2053\u2055-\u205e]")
 _POSSESSIVE_SUFFIXES = ("'s", "\u2019s", "\uff07s")
 MAX_TOKEN_LENGTH = 255
 

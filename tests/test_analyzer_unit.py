@@ -15,7 +15,11 @@ from indexer.analyzer import Analyzer, AnalyzerConfig, LUCENE_ENGLISH_STOPWORDS
     ("don't rock'n'roll", ["don't", "rock'n'rol"]),
     ("foo_bar 123abc", ["foo_bar", "123abc"]),
     ("\u4e2d\u6587 caf\u00e9s", ["\u4e2d", "\u6587", "caf\u00e9"]),
-    ("is as us os", ["us", "os"]),  # stopwords go; two-letter words are not stemmed (Lucene's Porter)
+    ("is as us os", ["us", "os"]),
+    ("beer \u0e40\u0e1a\u0e35\u0e22\u0e23\u0e4c ok", ["beer", "\u0e40\u0e1a\u0e35\u0e22\u0e23\u0e4c", "ok"]),  # a Thai run is one token
+    ("arrow \u2194 \u00a9 2020 \U0001f600 \U0001f44d\U0001f3fd end", ["arrow", "\u2194", "\u00a9", "2020", "\U0001f600",
+                                                     "\U0001f44d\U0001f3fd", "end"]),  # emoji are tokens
+    (" \u0301 lone mark", ["lone", "mark"]),  # a combining mark alone starts no token  # stopwords go; two-letter words are not stemmed (Lucene's Porter)
     ("generalizations connected relational", ["gener", "connect", "relat"]),
     ("", []),
     ("!!! ... ---", []),
