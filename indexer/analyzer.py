@@ -91,17 +91,6 @@ class Analyzer:
     def config_dict(self) -> dict[str, Any]:
         return asdict(self.config)
 
-    def tokenize(self, text: str) -> list[str]:
-        """StandardTokenizer: UAX#29 word segments, long ones split every 255 chars."""
-        limit = self.config.max_token_length
-        toks = _TOKEN.findall(text)
-        if max(map(len, toks), default=0) <= limit:
-            return toks
-        out = []
-        for tok in toks:
-            out.extend(tok[i:i + limit] for i in range(0, len(tok), limit))
-        return out
-
     def _term(self, token: str) -> str:
         """Possessive filter, lower case, stop filter, Porter stemmer for one token ("" if dropped)."""
         if token.endswith(_POSSESSIVE_SUFFIXES) or token.endswith(("'S", "\u2019S", "\uff07S")):

@@ -24,7 +24,7 @@ from indexer.synth import WIKI_PARAMS, SynthParams, Synthesizer
 from ragserve.topics import read_queries
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-TOK = Analyzer().tokenize
+TOK = Analyzer().tokens  # lower-cased StandardTokenizer tokens
 DPR_SCALE = (5.6e5, 2e6, 1e8, 2.1e9)  # tokens: this sample, the synth test, 1M passages, DPR's 21M passages
 
 
@@ -33,8 +33,8 @@ def wiki18() -> tuple[list[list[str]], list[list[str]]]:
     with open(DATA / "wiki18-100w-passages-sample" / "sample_data.jsonl", encoding="utf-8") as f:
         for line in f:
             title, _, text = json.loads(line)["contents"].partition("\n")
-            titles.append([t.lower() for t in TOK(title.strip('"'))])
-            passages.append([t.lower() for t in TOK(text)])
+            titles.append(TOK(title.strip('"')))
+            passages.append(TOK(text))
     return titles, passages
 
 
@@ -67,7 +67,7 @@ def xml_articles() -> list[list[str]]:
         for _, el in ET.iterparse(f):
             if el.tag.endswith("}text") and el.text and not el.text.lstrip().upper().startswith("#REDIRECT"):
                 # cut into 100-word passages, as DPR does, so per-passage statistics are comparable
-                words = [t.lower() for t in TOK(html.unescape(strip_wikitext(el.text)))]
+                words = TOK(html.unescape(strip_wikitext(el.text)))
                 docs.extend(words[i:i + 100] for i in range(0, len(words), 100))
             el.clear()
     return docs

@@ -11,13 +11,14 @@
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from indexer.writer import BuildOptions, build_index  # noqa: E402
+from ragserve.rag.corpus import dataset_passages, write_corpus  # noqa: E402
+from ragserve.rag.datasets import read_dataset  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -28,19 +29,11 @@ def main() -> int:
         return 2
     out = Path(sys.argv[1])
     (out / "topics").mkdir(parents=True, exist_ok=True)
-    paragraphs = out / "hotpot_paragraphs.jsonl"
-    seen: set = set()
-    with open(DATA / "hotpotqa-dev500-ircot" / "dev_subsampled.jsonl") as f, open(paragraphs, "w") as p, \
-            open(out / "topics" / "hotpot.questions.tsv", "w") as q:
-        for line in f:
-            rec = json.loads(line)
-            q.write(f"{rec['question_id']}\t{' '.join(rec['question_text'].split())}\n")
-            for c in rec["contexts"]:
-                key = (c["title"], c["paragraph_text"])
-                if key not in seen:
-                    seen.add(key)
-                    p.write(json.dumps({"_id": f"p{len(seen) - 1}", "title": c["title"],
-                                        "text": c["paragraph_text"]}) + "\n")
+    examples = read_dataset(DATA / "hotpotqa-dev500-ircot" / "dev_subsampled.jsonl")
+    paragraphs = write_corpus(dataset_passages(examples), out / "hotpot_paragraphs.jsonl")
+    with open(out / "topics" / "hotpot.questions.tsv", "w") as q:
+        for ex in examples:
+            q.write(f"{ex.id}\t{' '.join(ex.question.split())}\n")
     corpora = {
         "arguana": [DATA / "beir-arguana" / "corpus.jsonl.gz"],
         "hotpot": [paragraphs],

@@ -25,6 +25,8 @@ from indexer.writer import BuildOptions, build_index
 from ragserve.backends import fpga_model as M
 from ragserve.backends.fpga_host import LaunchResult, merge_shards
 from ragserve.bm25 import QueryTerms
+from ragserve.rag.corpus import dataset_passages, write_corpus
+from ragserve.rag.datasets import read_dataset
 from ragserve.searcher import Searcher
 from ragserve.topics import read_queries
 
@@ -42,14 +44,7 @@ class Corpus:
 def hotpot_paragraphs(out: Path) -> Path:
     """Every distinct (title, paragraph) of the 500 questions' contexts, as a BEIR-style corpus."""
     if not out.exists():
-        seen: set[tuple[str, str]] = set()
-        with open(DATA / "hotpotqa-dev500-ircot" / "dev_subsampled.jsonl", encoding="utf-8") as f, open(out, "w") as w:
-            for line in f:
-                for c in json.loads(line)["contexts"]:
-                    key = (c["title"], c["paragraph_text"])
-                    if key not in seen:
-                        seen.add(key)
-                        w.write(json.dumps({"_id": f"p{len(seen) - 1}", "title": key[0], "text": key[1]}) + "\n")
+        write_corpus(dataset_passages(read_dataset(DATA / "hotpotqa-dev500-ircot" / "dev_subsampled.jsonl")), out)
     return out
 
 

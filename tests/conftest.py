@@ -39,19 +39,11 @@ def arguana_queries() -> list:
 @pytest.fixture(scope="session")
 def hotpot_paragraphs_jsonl(tmp_path_factory) -> Path:
     """The HotpotQA dev (IRCoT) paragraphs as a BEIR-style corpus: one document per distinct paragraph."""
-    import json
+    from ragserve.rag.corpus import dataset_passages, write_corpus
+    from ragserve.rag.datasets import read_dataset
 
-    out = tmp_path_factory.mktemp("hotpot") / "paragraphs.jsonl"
-    seen = set()
-    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f, open(out, "w") as w:
-        for line in f:
-            for c in json.loads(line)["contexts"]:
-                key = (c["title"], c["paragraph_text"])
-                if key in seen:
-                    continue
-                seen.add(key)
-                w.write(json.dumps({"_id": f"p{len(seen) - 1}", "title": c["title"], "text": c["paragraph_text"]}) + "\n")
-    return out
+    examples = read_dataset(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl"))
+    return write_corpus(dataset_passages(examples), tmp_path_factory.mktemp("hotpot") / "paragraphs.jsonl")
 
 
 @pytest.fixture(scope="session")
