@@ -32,9 +32,9 @@ def _score_entry(postings, lo, hi, w, cache, norms, base, acc, touched, n_t, shi
         off = np.int64(p >> shift)
         s = _term_score(w, p & mask, cache[norms[base + off]])
         a = acc[off]
-        if a == 0.0:
-            touched[n_t] = off
-            n_t += 1
+        # Branch-free first-touch bookkeeping: whether a doc was seen before is unpredictable.
+        touched[n_t] = off
+        n_t += a == 0.0
         acc[off] = a + np.float64(s)
     return n_t
 
@@ -129,8 +129,11 @@ def _flush_block(acc, idx, n, base, hs, hd, hn, k):
     """Move a block's accumulated docs into the heap (f32 scores) and zero the accumulator."""
     for i in range(n):
         off = idx[i]
-        hn = _heap_push(hs, hd, hn, k, np.float32(acc[off]), base + off)
+        s = np.float32(acc[off])
         acc[off] = 0.0
+        # Most docs lose to the heap's root: test here, as a call per doc costs more than the test.
+        if hn < k or s > hs[0] or (s == hs[0] and base + off < hd[0]):
+            hn = _heap_push(hs, hd, hn, k, s, base + off)
     return hn
 
 
@@ -147,14 +150,38 @@ def _count_above(acc, idx, n, bound, k):
     return False
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _sift_min(h, n, i):
+    while True:
+        m = 2 * i + 1
+        if m >= n:
+            return
+        if m + 1 < n and h[m + 1] < h[m]:
+            m += 1
+        if h[m] < h[i]:
+            h[i], h[m] = h[m], h[i]
+            i = m
+        else:
+            return
+
+
 @njit(nogil=True, cache=True)
 def _kth_largest(acc, idx, n, k):
+    """k-th largest of ``acc[idx[:n]]`` (0 when n < k), by one pass with a k-sized min-heap: most values
+    lose to the root at once, so this is about one comparison a doc (a partition would copy all n)."""
     if n < k:
         return 0.0
-    vals = np.empty(n, dtype=np.float64)
-    for i in range(n):
-        vals[i] = acc[idx[i]]
-    return np.partition(vals, n - k)[n - k]
+    h = np.empty(k, dtype=np.float64)
+    for i in range(k):
+        h[i] = acc[idx[i]]
+    for i in range(k // 2 - 1, -1, -1):
+        _sift_min(h, k, i)
+    for i in range(k, n):
+        v = acc[idx[i]]
+        if v > h[0]:
+            h[0] = v
+            _sift_min(h, k, 0)
+    return h[0]
 
 
 @njit(nogil=True, cache=True)
