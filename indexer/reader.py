@@ -118,22 +118,31 @@ class IndexReader:
             return f.read(int(offsets[term_id + 1] - offsets[term_id])).decode("utf-8")
 
     # -- documents ----------------------------------------------------------------------------
+    # Plain ndarray views of the maps: indexing an np.memmap builds a memmap object each time (microseconds).
     @cached_property
     def _docids_blob(self) -> np.ndarray:
-        return _map_bytes(self._docids[0])
+        return np.asarray(_map_bytes(self._docids[0]))
+
+    @cached_property
+    def _docids_offsets(self) -> np.ndarray:
+        return np.asarray(self._docids[1])
 
     @cached_property
     def _store_blob(self) -> np.ndarray:
-        return _map_bytes(self._store[0])
+        return np.asarray(_map_bytes(self._store[0]))
+
+    @cached_property
+    def _store_offsets(self) -> np.ndarray:
+        return np.asarray(self._store[1])
 
     def external_id(self, docid: int) -> str:
-        o = self._docids[1]
-        return bytes(self._docids_blob[int(o[docid]):int(o[docid + 1])]).decode("utf-8")
+        a, b = self._docids_offsets[docid:docid + 2].tolist()
+        return self._docids_blob[a:b].tobytes().decode("utf-8")
 
     def document(self, docid: int) -> tuple[str, str]:
         """(title, text) of an internal docid."""
-        o = self._store[1]
-        rec = bytes(self._store_blob[int(o[docid]):int(o[docid + 1])]).decode("utf-8")
+        a, b = self._store_offsets[docid:docid + 2].tolist()
+        rec = self._store_blob[a:b].tobytes().decode("utf-8")
         title, _, text = rec.partition(L.FIELD_SEPARATOR)
         return title, text
 
