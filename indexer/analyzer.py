@@ -39,12 +39,15 @@ _TOKEN = regex.compile(
 # Fast path, 2x quicker: for lower-cased text made only of Latin-1 and common punctuation, UAX#29 reduces
 # to this pattern (letters, digits and '_' joined; MidLetter/MidNumLet between letters; MidNum/MidNumLet
 # between digits). It gives the same tokens as _TOKEN on such text (tests/test_analyzer_unit.py).
-_L1 = "a-z\u00aa\u00b5\u00ba\u00df-\u00f6\u00f8-\u00ff"
-_TOKEN_LATIN1 = re.compile(rf"[{_L1}0-9_]+(?:(?:(?<=[{_L1}])[:.'\u00b7\u2018\u2019](?=[{_L1}])"
-                           rf"|(?<=[0-9])[,;.'\u2018\u2019](?=[0-9]))[{_L1}0-9_]+)*")
+LATIN1_LETTERS = "a-z\u00aa\u00b5\u00ba\u00df-\u00f6\u00f8-\u00ff"  # as a character class
+MID_LETTER = ":.'\u00b7\u2018\u2019"  # joins two letters (MidLetter, MidNumLet)
+MID_NUM = ",;.'\u2018\u2019"  # joins two digits (MidNum, MidNumLet)
+_L1 = LATIN1_LETTERS
+_TOKEN_LATIN1 = re.compile(rf"[{_L1}0-9_]+(?:(?:(?<=[{_L1}])[{MID_LETTER}](?=[{_L1}])"
+                           rf"|(?<=[0-9])[{MID_NUM}](?=[0-9]))[{_L1}0-9_]+)*")
 # (c), (R), !! and ?! are emoji, which Lucene emits as tokens: text holding them takes the full path.
-_NOT_LATIN1 = re.compile("[^\x00-\x7f\u00a0-\u00a8\u00aa-\u00ac\u00af-\u00ff\u2010-\u2023\u2025\u2026"
-                         "\u2030-\u203b\u203d\u203e\u2041-\u2043\u2045-\u2048\u204a-\u2053\u2055-\u205e]")
+NOT_LATIN1 = re.compile("[^\x00-\x7f\u00a0-\u00a8\u00aa-\u00ac\u00af-\u00ff\u2010-\u2023\u2025\u2026"
+                        "\u2030-\u203b\u203d\u203e\u2041-\u2043\u2045-\u2048\u204a-\u2053\u2055-\u205e]")
 _POSSESSIVE_SUFFIXES = ("'s", "\u2019s", "\uff07s")
 MAX_TOKEN_LENGTH = 255
 
@@ -110,7 +113,7 @@ class Analyzer:
         share cache entries."""
         if self.config.lowercase:
             text = java_lower(text)
-            pattern = _TOKEN if _NOT_LATIN1.search(text) else _TOKEN_LATIN1
+            pattern = _TOKEN if NOT_LATIN1.search(text) else _TOKEN_LATIN1
         else:
             pattern = _TOKEN
         toks = pattern.findall(text)
@@ -119,12 +122,12 @@ class Analyzer:
             toks = [tok[i:i + limit] for tok in toks for i in range(0, len(tok), limit)]
         return toks
 
-    def term(self, token: str) -> str:
-        """The index term of one token ("" if the chain drops it), cached."""
+    def term(self, token: str, cache: bool = True) -> str:
+        """The index term of one token ("" if the chain drops it), cached unless the caller keeps its own cache."""
         term = self._cache.get(token)
         if term is None:
             term = self._term(token)
-            if len(self._cache) < 4_000_000:  # bounded: junk tokens must not grow it forever
+            if cache and len(self._cache) < 4_000_000:  # bounded: junk tokens must not grow it forever
                 self._cache[token] = term
         return term
 

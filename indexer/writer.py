@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from indexer import layout as L
 from indexer.analyzer import Analyzer, AnalyzerConfig
+from indexer.fasttok import TokenTable
 from indexer.norms import LENGTH_TABLE, encode_lengths
 
 CHUNK_DOCS = 1000  # documents per analysis task: large enough to amortise inter-process transfer
@@ -53,28 +54,63 @@ class BuildOptions:
 class _ChunkAnalyser:
     """Analysis state of one worker process: its own term ids, so only terms new to it cross to the main process.
 
-    Tokens map straight to worker-local term ids (-1 for a dropped token) through one dict lookup each.
+    Documents go through ``fasttok`` (numba tokenizer, one hash lookup per token) when the analyzer lower-cases
+    and their characters allow it, else through the analyzer's tokenizer with a dict from token to term id. Either
+    way the Python chain runs once per distinct token.
     """
 
     def __init__(self, cfg: dict) -> None:
         self.analyzer = Analyzer.from_config(cfg)
-        self.ids: dict[str, int] = {}  # token -> worker-local term id, or -1
+        self.table = TokenTable(self.analyzer.config.max_token_length) if self.analyzer.config.lowercase else None
+        self.ids: dict[str, int] = {}  # token -> worker-local term id, or -1 (tokens of the analyzer's tokenizer)
         self.term_ids: dict[str, int] = {}  # term -> worker-local term id
         self.terms: list[str] = []
         self.sent = 0  # terms already reported to the main process
+        self._slots = np.zeros(0, dtype=np.int32)  # scratch of chunk_postings, one entry per term
+
+    def _term_id(self, term: str) -> int:
+        if not term:
+            return -1
+        tid = self.term_ids.get(term)
+        if tid is None:
+            tid = self.term_ids[term] = len(self.terms)
+            self.terms.append(term)
+        return tid
+
+    def _new_token(self, tok: str) -> int:
+        return self._term_id(self.analyzer.term(tok, cache=False))  # the token table is the cache
 
     def _token_id(self, tok: str) -> int:
-        term = self.analyzer.term(tok)
-        if not term:
-            tid = -1
-        else:
-            tid = self.term_ids.get(term)
-            if tid is None:
-                tid = self.term_ids[term] = len(self.terms)
-                self.terms.append(term)
-        if len(self.ids) < 4_000_000:
-            self.ids[tok] = tid
+        tid = self.ids.get(tok)
+        if tid is None:
+            tid = self._term_id(self.analyzer.term(tok))
+            if len(self.ids) < 4_000_000:
+                self.ids[tok] = tid
         return tid
+
+    def _full_path_ids(self, text: str) -> np.ndarray:
+        return np.fromiter(map(self._token_id, self.analyzer.tokens(text)), dtype=np.int32)
+
+    def _doc_ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Term ids of the tokens of all documents (-1: dropped) and the number of tokens of each document."""
+        if self.table is None:
+            docs = [self._full_path_ids(t) for t in texts]
+            return np.concatenate(docs) if docs else np.zeros(0, np.int32), np.array([d.size for d in docs])
+        buf = "".join(texts).encode("utf-8", "surrogatepass")
+        ids, ends, rejected = self.table.ids(buf, np.fromiter(map(len, texts), np.int64, len(texts)),
+                                             self._new_token, self._token_id)
+        counts = np.diff(ends, prepend=0)
+        if not rejected.any():
+            return ids, counts
+        # Documents outside the fast path have no ids in `ids`: splice theirs in at their place.
+        parts, prev = [], 0
+        for d in np.flatnonzero(rejected):
+            full = self._full_path_ids(texts[d])
+            parts += [ids[prev:ends[d]], full]
+            counts[d] = full.size
+            prev = ends[d]
+        parts.append(ids[prev:])
+        return np.concatenate(parts), counts
 
     def chunk(self, texts: list[str]) -> tuple:
         """Postings of a chunk of documents, grouped by document, in worker-local term ids.
@@ -82,29 +118,60 @@ class _ChunkAnalyser:
         Returns (worker id, terms new since the last chunk, local term id and tf per posting, distinct
         terms per doc, length per doc, the chunk's distinct local term ids and their document counts).
         """
-        get = self.ids.get
-        flat: list[int] = []
-        raw = np.empty(len(texts), dtype=np.int64)
-        for i, text in enumerate(texts):
-            toks = self.analyzer.tokens(text)
-            ids = [get(t) for t in toks]
-            if None in ids:
-                ids = [get(t) if get(t) is not None else self._token_id(t) for t in toks]
-            raw[i] = len(ids)
-            flat.extend(ids)
-        ids_a = np.asarray(flat, dtype=np.int64)
-        doc_of = np.repeat(np.arange(len(texts), dtype=np.int64), raw)
-        keep = ids_a >= 0
-        ids_a, doc_of = ids_a[keep], doc_of[keep]
-        lengths = np.bincount(doc_of, minlength=len(texts)).astype(np.int64)
-        width = max(len(self.terms), 1)
-        keys, tfs = np.unique(doc_of * width + ids_a, return_counts=True)
-        local = keys % width
-        uniq = np.bincount(keys // width, minlength=len(texts)).astype(np.int32)
-        chunk_terms, chunk_df = np.unique(local, return_counts=True)
+        ids, counts = self._doc_ids(texts)
+        if self._slots.size < len(self.terms):
+            self._slots = np.zeros(2 * len(self.terms), dtype=np.int32)
+        local, tfs, uniq, lengths, chunk_terms, chunk_df = chunk_postings(ids, counts, self._slots)
         new = self.terms[self.sent:]
         self.sent = len(self.terms)
-        return os.getpid(), new, local, tfs.astype(np.int64), uniq, lengths, chunk_terms, chunk_df
+        return os.getpid(), new, local, tfs, uniq, lengths, chunk_terms, chunk_df
+
+
+@njit(cache=True, nogil=True)
+def chunk_postings(ids, counts, slots):
+    """Postings of documents given as term ids (-1: dropped token) and token counts: (term and tf per posting,
+    postings and length per document, distinct terms of the chunk and their document frequencies).
+
+    ``slots`` (one entry per term, any content) remembers where each term was last counted; an entry is trusted
+    only if it points at a record of that term in the current document (or chunk), so it is never reset."""
+    n_docs = counts.size
+    terms = np.empty(ids.size, dtype=np.int32)
+    tfs = np.empty(ids.size, dtype=np.uint32)
+    uniq = np.zeros(n_docs, dtype=np.int32)
+    lengths = np.zeros(n_docs, dtype=np.int64)
+    postings = 0
+    k = 0
+    for d in range(n_docs):
+        first = postings
+        for _ in range(counts[d]):
+            t = ids[k]
+            k += 1
+            if t < 0:
+                continue
+            lengths[d] += 1
+            j = slots[t]
+            if first <= j < postings and terms[j] == t:
+                tfs[j] += 1
+            else:
+                slots[t] = postings
+                terms[postings] = t
+                tfs[postings] = 1
+                postings += 1
+        uniq[d] = postings - first
+    chunk_terms = np.empty(postings, dtype=np.int32)
+    chunk_df = np.empty(postings, dtype=np.int64)
+    distinct = 0
+    for i in range(postings):
+        t = terms[i]
+        j = slots[t]
+        if j < distinct and chunk_terms[j] == t:
+            chunk_df[j] += 1
+        else:
+            slots[t] = distinct
+            chunk_terms[distinct] = t
+            chunk_df[distinct] = 1
+            distinct += 1
+    return terms[:postings], tfs[:postings], uniq, lengths, chunk_terms[:distinct], chunk_df[:distinct]
 
 
 _worker: _ChunkAnalyser | None = None
