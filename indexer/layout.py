@@ -49,10 +49,6 @@ def shard_bytes(postings: int, entries: int, vocab_size: int, docs: int) -> int:
     return 4 * postings + 4 * (vocab_size + 1) + 4 * entries + 4 * (entries + 1) + 4 * entries + 4 * entries + entries + docs
 
 
-def pack_postings(doc_in_block: np.ndarray, tf: np.ndarray, tf_bits: int) -> np.ndarray:
-    return (doc_in_block.astype(np.uint32) << np.uint32(tf_bits)) | tf.astype(np.uint32)
-
-
 def unpack_postings(packed: np.ndarray, tf_bits: int) -> tuple[np.ndarray, np.ndarray]:
     packed = np.asarray(packed, dtype=np.uint32)
     return packed >> np.uint32(tf_bits), packed & np.uint32((1 << tf_bits) - 1)

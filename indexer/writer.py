@@ -503,36 +503,12 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
         d = tmp / L.shard_dirname(si)
         d.mkdir()
         parts = [np.fromfile(p, dtype=np.uint32).reshape(3, c) for blk in range(b0, b1) for p, c in runs_by_block.get(blk, [])]
-        tid, doc, tf_all = _sorted_postings(parts, remap, b0 * block_size, min(b1 * block_size, n) - b0 * block_size,
-                                            V, tf_bits)
+        P, E = _write_shard(d, parts, remap, sum(be[b0:b1]), log2_bs, tf_bits, norms, cache)
         del parts
-        blk = doc >> log2_bs
-        P = tid.size
-        change = np.ones(P, dtype=bool)
-        if P:
-            change[1:] = (tid[1:] != tid[:-1]) | (blk[1:] != blk[:-1])
-        starts = np.flatnonzero(change)
-        E = starts.size
-        packed = L.pack_postings(doc - (blk << log2_bs), tf_all, tf_bits)
-        packed.astype("<u4").tofile(d / L.POSTINGS)
-        term_ptr = np.searchsorted(tid[starts], np.arange(V + 1), side="left").astype("<u4")
-        term_ptr.tofile(d / L.TERM_PTR)
-        blk[starts].astype("<u4").tofile(d / L.BLK_ID)
-        np.append(starts, P).astype("<u4").tofile(d / L.BLK_START)
-        dnorm = norms[doc]
-        if P:
-            q = tf_all.astype(np.float32) * cache[dnorm]
-            np.maximum.reduceat(q, starts).astype("<f4").tofile(d / L.BLK_MAXQ)
-            np.maximum.reduceat(tf_all, starts).astype("<u4").tofile(d / L.BLK_MAXTF)
-            np.minimum.reduceat(dnorm, starts).astype(np.uint8).tofile(d / L.BLK_MINNORM)
-        else:
-            for name in (L.BLK_MAXQ, L.BLK_MAXTF, L.BLK_MINNORM):
-                (d / name).write_bytes(b"")
         doc_start, doc_end = b0 * block_size, min(b1 * block_size, n)
         shard_meta.append({"dir": d.name, "doc_start": doc_start, "doc_end": doc_end, "block_start": b0,
                            "block_end": b1, "postings": int(P), "entries": int(E),
                            "bytes": L.shard_bytes(P, E, V, doc_end - doc_start)})
-        del tid, doc, blk, packed, tf_all, dnorm
 
     shutil.rmtree(tmp / "_runs")
     files = {}
@@ -566,51 +542,82 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
     return manifest
 
 
-@njit(cache=True)
-def _pack_keys(tids, docs, tfs, remap, doc_start, n_docs, tf_bits, out, pos):
+def _write_shard(d: Path, parts: list[np.ndarray], remap: np.ndarray, n_entries: int, log2_bs: int, tf_bits: int,
+                 norms: np.ndarray, cache: np.ndarray) -> tuple[int, int]:
+    """Write a shard's arrays (FORMAT.md) into ``d`` from its runs (each a (3, n) u32 array of provisional term
+    ids, docids and tfs, in docid order); returns (postings, block entries).
+
+    The postings are ordered by (final term id, docid) with a counting sort by term: it is stable, so each term's
+    postings keep the runs' docid order, and it costs two passes instead of a sort."""
+    V = remap.size
+    counts = np.zeros(V + 1, dtype=np.int64)
+    for part in parts:
+        _count_terms(part[0], remap, counts)
+    starts = np.cumsum(counts)  # postings of final term t: starts[t] .. starts[t + 1] - 1
+    packed = np.empty(starts[V], dtype=np.uint32)
+    docs = np.empty(starts[V], dtype=np.uint32)
+    cursor = starts[:V].copy()
+    for part in parts:
+        _scatter(part[0], part[1], part[2], remap, cursor, log2_bs, tf_bits, packed, docs)
+    arrays = _block_entries(starts, packed, docs, n_entries, log2_bs, tf_bits, norms, cache)
+    for name, a in zip(L.SHARD_FILES, (packed, *arrays)):
+        a.astype(a.dtype.newbyteorder("<"), copy=False).tofile(d / name)
+    return packed.size, n_entries
+
+
+@njit(cache=True, nogil=True)
+def _count_terms(tids, remap, counts):
+    for t in tids:
+        counts[remap[t] + 1] += 1
+
+
+@njit(cache=True, nogil=True)
+def _scatter(tids, docs, tfs, remap, cursor, log2_bs, tf_bits, packed, out_docs):
+    """Place each posting at its final term's cursor: packed (docid in block << tf_bits | tf) and docid."""
+    in_block = (1 << log2_bs) - 1
     for i in range(tids.size):
-        key = (remap[tids[i]] * n_docs + (np.int64(docs[i]) - doc_start)) << tf_bits
-        out[pos + i] = np.uint64(key | np.int64(tfs[i]))
+        t = remap[tids[i]]
+        p = cursor[t]
+        cursor[t] = p + 1
+        packed[p] = ((docs[i] & in_block) << tf_bits) | tfs[i]
+        out_docs[p] = docs[i]
 
 
-@njit(cache=True)
-def _unpack_keys(keys, n_docs, tf_bits, doc_start, tid, doc, tf):
-    mask = np.uint64((1 << tf_bits) - 1)
-    for i in range(keys.size):
-        k = keys[i]
-        tf[i] = np.uint32(k & mask)
-        rest = np.int64(k >> np.uint64(tf_bits))
-        tid[i] = rest // n_docs
-        doc[i] = rest % n_docs + doc_start
-
-
-def _sorted_postings(parts: list, remap: np.ndarray, doc_start: int, n_docs: int, V: int,
-                     tf_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A shard's postings from its runs (each a (3, n) u32 array: provisional term ids, docids, tfs), ordered by
-    (final term id, docid): (tid, doc, tf) arrays.
-
-    (term, doc) pairs are unique, so term, local doc and tf pack into one u64 key whenever they fit, and a
-    plain in-place sort replaces an argsort and its gathers.
-    """
-    if not parts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint32)
-    total = sum(p.shape[1] for p in parts)
-    if V * n_docs < (1 << (63 - tf_bits)):
-        keys = np.empty(total, dtype=np.uint64)
-        pos = 0
-        for p in parts:
-            _pack_keys(p[0], p[1], p[2], remap, doc_start, n_docs, tf_bits, keys, pos)
-            pos += p.shape[1]
-        keys.sort()
-        tid = np.empty(total, np.int64)
-        doc = np.empty(total, np.int64)
-        tf = np.empty(total, np.uint32)
-        _unpack_keys(keys, n_docs, tf_bits, doc_start, tid, doc, tf)
-        return tid, doc, tf
-    tids = np.concatenate([remap[p[0].astype(np.int64)] for p in parts])
-    docs = np.concatenate([p[1].astype(np.int64) for p in parts])
-    order = np.lexsort((docs, tids))
-    return tids[order], docs[order], np.concatenate([p[2] for p in parts])[order]
+@njit(cache=True, nogil=True)
+def _block_entries(starts, packed, docs, n_entries, log2_bs, tf_bits, norms, cache):
+    """The block tables of postings ordered by (term, docid): term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf,
+    blk_minnorm, as FORMAT.md defines them (q = f32(tf) * cache[norm], in f32)."""
+    V = starts.size - 1
+    term_ptr = np.empty(V + 1, dtype=np.uint32)
+    blk_id = np.empty(n_entries, dtype=np.uint32)
+    blk_start = np.empty(n_entries + 1, dtype=np.uint32)
+    maxq = np.empty(n_entries, dtype=np.float32)
+    maxtf = np.empty(n_entries, dtype=np.uint32)
+    minnorm = np.empty(n_entries, dtype=np.uint8)
+    tf_mask = (1 << tf_bits) - 1
+    e = 0
+    for t in range(V):
+        term_ptr[t] = e
+        block = -1
+        for p in range(starts[t], starts[t + 1]):
+            doc = docs[p]
+            tf = packed[p] & tf_mask
+            norm = norms[doc]
+            q = np.float32(tf) * cache[norm]
+            if doc >> log2_bs != block:
+                block = doc >> log2_bs
+                blk_id[e] = block
+                blk_start[e] = p
+                maxq[e], maxtf[e], minnorm[e] = q, tf, norm
+                e += 1
+            else:
+                maxq[e - 1] = max(maxq[e - 1], q)
+                maxtf[e - 1] = max(maxtf[e - 1], tf)
+                minnorm[e - 1] = min(minnorm[e - 1], norm)
+    assert e == n_entries
+    term_ptr[V] = e
+    blk_start[e] = starts[V]
+    return term_ptr, blk_id, blk_start, maxq, maxtf, minnorm
 
 
 def _sha256(path: Path) -> str:

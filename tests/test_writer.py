@@ -190,21 +190,41 @@ def test_corrupt_or_partial_index_is_rejected(tmp_path):
         IndexReader(tmp_path / "idx")
 
 
-def test_shard_sort_paths_agree():
-    """The packed-key sort and the lexsort fallback (for keys that would not fit 64 bits) give the same order."""
-    from indexer.writer import _sorted_postings
+def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
+    """_write_shard's counting sort and block tables against a plain lexsort/reduceat construction."""
+    from indexer.writer import _write_shard
 
     rng = np.random.default_rng(0)
+    log2_bs, tf_bits, V = 8, 6, 300
     parts = []
-    for d0 in (0, 500):
-        pairs = {(int(t), int(d)) for t, d in zip(rng.integers(0, 300, 4000), rng.integers(d0, d0 + 500, 4000))}
-        pairs = sorted(pairs, key=lambda x: (x[1], x[0]))  # runs come grouped by document
-        arr = np.array([[t for t, _ in pairs], [d for _, d in pairs], rng.integers(1, 60, len(pairs))], dtype=np.uint32)
-        parts.append(arr)
-    remap = rng.permutation(300).astype(np.int64)
-    packed = _sorted_postings(parts, remap, 0, 1000, 300, 6)
-    fallback = _sorted_postings(parts, remap, 0, 1000, 300, 60)  # 60 tf bits: the keys cannot fit
-    for a, b in zip(packed, fallback):
-        assert np.array_equal(a, b)
-    tid, doc, tf = packed
-    assert np.all((np.diff(tid) > 0) | ((np.diff(tid) == 0) & (np.diff(doc) > 0)))
+    for d0 in (0, 500, 700):  # runs come in docid order, grouped by document; blocks of 256 docs
+        pairs = {(int(t), int(d)) for t, d in zip(rng.integers(0, V, 4000), rng.integers(d0, d0 + 200, 4000))}
+        pairs = sorted(pairs, key=lambda x: (x[1], x[0]))
+        parts.append(np.array([[t for t, _ in pairs], [d for _, d in pairs], rng.integers(1, 60, len(pairs))],
+                              dtype=np.uint32))
+    remap = rng.permutation(V).astype(np.int64)
+    norms = rng.integers(0, 256, 1000).astype(np.uint8)
+    cache = rng.random(256).astype(np.float32)
+    tid, doc, tf = (np.concatenate([p[i] for p in parts]).astype(np.int64) for i in range(3))
+    tid = remap[tid]
+    order = np.lexsort((doc, tid))
+    tid, doc, tf = tid[order], doc[order], tf[order]
+    blk = doc >> log2_bs
+    starts = np.flatnonzero(np.concatenate(([True], (tid[1:] != tid[:-1]) | (blk[1:] != blk[:-1]))))
+    q = tf.astype(np.float32) * cache[norms[doc]]
+    want = {
+        L.POSTINGS: ((doc - (blk << log2_bs)) << tf_bits | tf).astype(np.uint32),
+        L.TERM_PTR: np.searchsorted(tid[starts], np.arange(V + 1)).astype(np.uint32),
+        L.BLK_ID: blk[starts].astype(np.uint32),
+        L.BLK_START: np.append(starts, tid.size).astype(np.uint32),
+        L.BLK_MAXQ: np.maximum.reduceat(q, starts),
+        L.BLK_MAXTF: np.maximum.reduceat(tf, starts).astype(np.uint32),
+        L.BLK_MINNORM: np.minimum.reduceat(norms[doc], starts),
+    }
+    assert _write_shard(tmp_path, parts, remap, starts.size, log2_bs, tf_bits, norms, cache) == (tid.size, starts.size)
+    for name, a in want.items():
+        assert (tmp_path / name).read_bytes() == a.astype(a.dtype.newbyteorder("<")).tobytes(), name
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _write_shard(empty, [], remap, 0, log2_bs, tf_bits, norms, cache) == (0, 0)
+    assert (empty / L.TERM_PTR).read_bytes() == bytes(4 * (V + 1)) and (empty / L.BLK_START).read_bytes() == bytes(4)
