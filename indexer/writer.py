@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -112,28 +113,35 @@ class _ChunkAnalyser:
         parts.append(ids[prev:])
         return np.concatenate(parts), counts
 
-    def chunk(self, texts: list[str]) -> tuple:
-        """Postings of a chunk of documents, grouped by document, in worker-local term ids.
-
-        Returns (worker id, terms new since the last chunk, local term id and tf per posting, distinct
-        terms per doc, length per doc, the chunk's distinct local term ids and their document counts).
-        """
-        ids, counts = self._doc_ids(texts)
+    def chunk(self, batch: tuple[list[str], list[str], list[str]]) -> tuple:
+        """A chunk of documents (ids, titles, texts): (worker id, terms new since the last chunk, postings grouped
+        by document as worker-local term id and tf, distinct terms per doc, length per doc, stored records)."""
+        ids, titles, texts = batch
+        term_ids, counts = self._doc_ids([_indexed_text(title, text) for title, text in zip(titles, texts)])
         if self._slots.size < len(self.terms):
             self._slots = np.zeros(2 * len(self.terms), dtype=np.int32)
-        local, tfs, uniq, lengths, chunk_terms, chunk_df = chunk_postings(ids, counts, self._slots)
+        local, tfs, uniq, lengths = chunk_postings(term_ids, counts, self._slots)
         new = self.terms[self.sent:]
         self.sent = len(self.terms)
-        return os.getpid(), new, local, tfs, uniq, lengths, chunk_terms, chunk_df
+        return os.getpid(), new, local, tfs, uniq, lengths, _stored_records(ids, titles, texts)
+
+
+def _stored_records(ids: list[str], titles: list[str], texts: list[str]) -> tuple[bytes, np.ndarray, bytes, np.ndarray]:
+    """store.bin and docids.bin bytes of a chunk, with each record's size (FORMAT.md: title \x1f text)."""
+    sep = L.FIELD_SEPARATOR
+    recs = [(t.replace(sep, " ") + sep + x.replace(sep, " ")).encode("utf-8", "replace") for t, x in zip(titles, texts)]
+    enc_ids = [i.encode("utf-8", "replace") for i in ids]
+    return (b"".join(recs), np.fromiter(map(len, recs), dtype=np.uint64, count=len(recs)),
+            b"".join(enc_ids), np.fromiter(map(len, enc_ids), dtype=np.uint64, count=len(enc_ids)))
 
 
 @njit(cache=True, nogil=True)
 def chunk_postings(ids, counts, slots):
     """Postings of documents given as term ids (-1: dropped token) and token counts: (term and tf per posting,
-    postings and length per document, distinct terms of the chunk and their document frequencies).
+    postings and length per document).
 
     ``slots`` (one entry per term, any content) remembers where each term was last counted; an entry is trusted
-    only if it points at a record of that term in the current document (or chunk), so it is never reset."""
+    only if it points at a posting of that term in the current document, so it is never reset."""
     n_docs = counts.size
     terms = np.empty(ids.size, dtype=np.int32)
     tfs = np.empty(ids.size, dtype=np.uint32)
@@ -158,20 +166,7 @@ def chunk_postings(ids, counts, slots):
                 tfs[postings] = 1
                 postings += 1
         uniq[d] = postings - first
-    chunk_terms = np.empty(postings, dtype=np.int32)
-    chunk_df = np.empty(postings, dtype=np.int64)
-    distinct = 0
-    for i in range(postings):
-        t = terms[i]
-        j = slots[t]
-        if j < distinct and chunk_terms[j] == t:
-            chunk_df[j] += 1
-        else:
-            slots[t] = distinct
-            chunk_terms[distinct] = t
-            chunk_df[distinct] = 1
-            distinct += 1
-    return terms[:postings], tfs[:postings], uniq, lengths, chunk_terms[:distinct], chunk_df[:distinct]
+    return terms[:postings], tfs[:postings], uniq, lengths
 
 
 _worker: _ChunkAnalyser | None = None
@@ -182,9 +177,9 @@ def _init_worker(cfg: dict) -> None:
     _worker = _ChunkAnalyser(cfg)
 
 
-def _analyse_chunk(texts: list[str]) -> tuple:
+def _analyse_chunk(batch: tuple[list[str], list[str], list[str]]) -> tuple:
     assert _worker is not None
-    return _worker.chunk(texts)
+    return _worker.chunk(batch)
 
 
 def _indexed_text(title: str, text: str) -> str:
@@ -196,22 +191,22 @@ def _indexed_text(title: str, text: str) -> str:
 # Ingestion state (main process)
 
 class _Growable:
-    """An append-only numpy array that doubles its capacity."""
+    """An append-only numpy array (of rows of ``shape``) that doubles its capacity."""
 
-    def __init__(self, dtype, capacity: int = 1 << 16) -> None:
-        self.a = np.zeros(capacity, dtype=dtype)
+    def __init__(self, dtype, shape: tuple[int, ...] = (), capacity: int = 1 << 16) -> None:
+        self.a = np.zeros((capacity, *shape), dtype=dtype)
         self.n = 0
 
     def ensure(self, n: int) -> None:
-        if n > self.a.size:
-            new = np.zeros(max(n, 2 * self.a.size), dtype=self.a.dtype)
+        if n > len(self.a):
+            new = np.zeros((max(n, 2 * len(self.a)), *self.a.shape[1:]), dtype=self.a.dtype)
             new[: self.n] = self.a[: self.n]
             self.a = new
 
     def extend(self, values: np.ndarray) -> None:
-        self.ensure(self.n + values.size)
-        self.a[self.n: self.n + values.size] = values
-        self.n += values.size
+        self.ensure(self.n + len(values))
+        self.a[self.n: self.n + len(values)] = values
+        self.n += len(values)
 
     @property
     def view(self) -> np.ndarray:
@@ -224,18 +219,21 @@ class _Ingest:
         self.opts = opts
         self.vocab: dict[str, int] = {}
         self._worker_maps: dict[int, _Growable] = {}
-        self.df = _Growable(np.int64)
-        self.stamp = _Growable(np.int64)  # last block in which a provisional term was seen
+        # Per provisional term: document frequency, and the last doc block it was seen in (to count block
+        # entries); side by side, so a posting touches one cache line.
+        self.term_stats = _Growable(np.int64, (2,))
         self.lengths = _Growable(np.int64)
         self.block_postings: list[int] = []
         self.block_entries: list[int] = []
         self.max_tf = 0
         self.num_docs = 0
         self.sum_total_tf = 0
-        self.runs: list[tuple[int, Path, int]] = []  # (block, path, postings)
+        self.runs: list[_Run] = []
+        # The run being buffered, all from one doc block: (provisional term ids, tfs, postings per doc) per chunk.
         self._buf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._buf_postings = 0
         self._buf_block = 0
+        self._buf_first_doc = 0
         (tmp / "_runs").mkdir()
         self.store = open(tmp / L.STORE_BYTES, "wb")
         self.store_off = open(tmp / L.STORE_OFFSETS, "wb")
@@ -246,85 +244,82 @@ class _Ingest:
         self.store_off.write(np.uint64(0).tobytes())
         self.ids_off.write(np.uint64(0).tobytes())
 
-    def store_docs(self, ids: list[str], titles: list[str], texts: list[str]) -> None:
-        sep = L.FIELD_SEPARATOR
-        recs = [(t.replace(sep, " ") + sep + x.replace(sep, " ")).encode("utf-8", "replace") for t, x in zip(titles, texts)]
-        enc_ids = [i.encode("utf-8", "replace") for i in ids]
-        for blob, fh, offh, attr in ((recs, self.store, self.store_off, "_store_pos"), (enc_ids, self.ids, self.ids_off, "_ids_pos")):
-            sizes = np.fromiter((len(r) for r in blob), dtype=np.uint64, count=len(blob))
+    def _write_stored(self, store: bytes, store_sizes: np.ndarray, ids: bytes, id_sizes: np.ndarray) -> None:
+        for blob, sizes, fh, offh, attr in ((store, store_sizes, self.store, self.store_off, "_store_pos"),
+                                            (ids, id_sizes, self.ids, self.ids_off, "_ids_pos")):
             offs = getattr(self, attr) + np.cumsum(sizes, dtype=np.uint64)
-            fh.write(b"".join(blob))
+            fh.write(blob)
             offh.write(offs.astype("<u8").tobytes())
             setattr(self, attr, int(offs[-1]) if len(offs) else getattr(self, attr))
 
-    def add_chunk(self, result: tuple) -> None:
-        wid, new_terms, local, tfs, uniq, lengths, chunk_terms, chunk_df = result
-        n = uniq.size
-        # worker-local term id -> provisional global id (first-seen order), extended with the worker's new terms
+    def _global_ids(self, wid: int, new_terms: list[str]) -> np.ndarray:
+        """Worker-local term id -> provisional global id (first-seen order), extended with the worker's new terms."""
         wmap = self._worker_maps.setdefault(wid, _Growable(np.int64))
         if new_terms:
-            wmap.extend(np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in new_terms),
-                                    dtype=np.int64, count=len(new_terms)))
+            vocab = self.vocab
+            wmap.extend(np.fromiter((vocab.setdefault(t, len(vocab)) for t in new_terms), dtype=np.int64,
+                                    count=len(new_terms)))
         V = len(self.vocab)
-        self.df.ensure(V)
-        self.df.n = V
-        self.stamp.ensure(V)
-        if self.stamp.n < V:
-            self.stamp.a[self.stamp.n: V] = -1
-            self.stamp.n = V
-        tids = wmap.a[local].astype(np.uint32)  # runs hold u32 columns: FORMAT.md bounds ids and docids by 2^32
-        chunk_tids = wmap.a[chunk_terms]
-        self.df.a[chunk_tids] += chunk_df
-        docs = np.repeat(np.arange(self.num_docs, self.num_docs + n, dtype=np.uint32), uniq)
-        tfs = tfs.astype(np.uint32)
-        if tfs.size:
-            self.max_tf = max(self.max_tf, int(tfs.max()))
+        self.term_stats.ensure(V)
+        self.term_stats.a[self.term_stats.n:V] = (0, -1)
+        self.term_stats.n = V
+        return wmap.a
+
+    def add_chunk(self, result: tuple) -> None:
+        wid, new_terms, local, tfs, uniq, lengths, stored = result
+        self._write_stored(*stored)
+        wmap = self._global_ids(wid, new_terms)
+        n = uniq.size
         self.sum_total_tf += int(lengths.sum())
         self.lengths.extend(lengths)
         # Split the chunk at doc block boundaries so runs and block statistics stay per block.
         bs = self.opts.block_size
         start_doc = self.num_docs
-        if start_doc // bs == (start_doc + n - 1) // bs:
-            self._add_block_part(start_doc // bs, tids, docs, tfs, chunk_tids)
-        else:
-            doc_pos = np.concatenate(([0], np.cumsum(uniq)))
-            d = start_doc
-            while d < start_doc + n:
-                block = d // bs
-                block_end_doc = min((block + 1) * bs, start_doc + n)
+        doc_pos = None
+        d = start_doc
+        while d < start_doc + n:
+            block = d // bs
+            block_end_doc = min((block + 1) * bs, start_doc + n)
+            if d == start_doc and block_end_doc == start_doc + n:
+                p0, p1 = 0, local.size
+            else:
+                doc_pos = np.concatenate(([0], np.cumsum(uniq))) if doc_pos is None else doc_pos
                 p0, p1 = doc_pos[d - start_doc], doc_pos[block_end_doc - start_doc]
-                self._add_block_part(block, tids[p0:p1], docs[p0:p1], tfs[p0:p1], np.unique(tids[p0:p1]))
-                d = block_end_doc
+            self._add_block_part(block, local[p0:p1], tfs[p0:p1], uniq[d - start_doc:block_end_doc - start_doc], d,
+                                 wmap)
+            d = block_end_doc
         self.num_docs += n
 
-    def _add_block_part(self, block: int, tids: np.ndarray, docs: np.ndarray, tfs: np.ndarray,
-                        distinct: np.ndarray) -> None:
+    def _add_block_part(self, block: int, local: np.ndarray, tfs: np.ndarray, uniq: np.ndarray, first_doc: int,
+                        wmap: np.ndarray) -> None:
         if block != self._buf_block:
             self._flush()
             self._buf_block = block
+        if not self._buf:
+            self._buf_first_doc = first_doc
         while len(self.block_postings) <= block:
             self.block_postings.append(0)
             self.block_entries.append(0)
-        self.block_postings[block] += tids.size
-        # Count distinct terms of the block: a term is new to it if its stamp is not this block.
-        new = self.stamp.a[distinct] != block
-        self.block_entries[block] += int(new.sum())
-        self.stamp.a[distinct[new]] = block
-        self._buf.append((tids, docs, tfs))
-        self._buf_postings += tids.size
+        tids, new_entries = _map_postings(local, wmap, block, self.term_stats.a)
+        self.block_postings[block] += local.size
+        self.block_entries[block] += new_entries
+        if tfs.size:
+            self.max_tf = max(self.max_tf, int(tfs.max()))
+        self._buf.append((tids, tfs, uniq))
+        self._buf_postings += local.size
         if self._buf_postings >= self.opts.run_postings:
             self._flush()
 
     def _flush(self) -> None:
         if not self._buf:
             return
-        # A run file is three u32 columns back to back: provisional term ids, docids, tfs.
         path = self.tmp / "_runs" / f"run_{len(self.runs):06d}.u32"
         with open(path, "wb") as f:
             for col in range(3):
                 for part in self._buf:
-                    f.write(part[col].tobytes())
-        self.runs.append((self._buf_block, path, self._buf_postings))
+                    f.write(part[col].astype(np.uint32, copy=False).tobytes())
+        n_docs = sum(part[2].size for part in self._buf)
+        self.runs.append(_Run(self._buf_block, path, self._buf_first_doc, n_docs, self._buf_postings))
         self._buf, self._buf_postings = [], 0
 
     def finish_streams(self) -> None:
@@ -333,6 +328,38 @@ class _Ingest:
             fh.flush()
             os.fsync(fh.fileno())
             fh.close()
+
+
+@dataclass
+class _Run:
+    """A run file: u32 provisional term ids and tfs of its postings, then the number of postings of each of its
+    documents (docids first_doc, first_doc + 1, ...), all in one doc block. FORMAT.md bounds ids by 2^32."""
+
+    block: int
+    path: Path
+    first_doc: int
+    docs: int
+    postings: int
+
+    def load(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        a = np.fromfile(self.path, dtype=np.uint32)
+        return a[:self.postings], a[self.postings:2 * self.postings], a[2 * self.postings:], self.first_doc
+
+
+@njit(cache=True, nogil=True)
+def _map_postings(local, wmap, block, term_stats):
+    """Provisional term ids (u32) of postings given in worker-local ids; counts each term's df and, through the
+    last block it was seen in, the (term, block) entries new to ``block`` (returned)."""
+    tids = np.empty(local.size, dtype=np.uint32)
+    new_entries = 0
+    for k in range(local.size):
+        t = wmap[local[k]]
+        tids[k] = t
+        term_stats[t, 0] += 1
+        if term_stats[t, 1] != block:
+            term_stats[t, 1] = block
+            new_entries += 1
+    return tids, new_entries
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,10 +446,9 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, rea
     workers = opts.workers or os.cpu_count() or 1
     bar = _Progress(opts.progress, read_stats)
 
-    def prepared() -> Iterator[list[str]]:
+    def prepared() -> Iterator[tuple[list[str], list[str], list[str]]]:
         for batch in _iter_batches(documents, CHUNK_DOCS):
-            ing.store_docs([str(d.id) for d in batch], [d.title or "" for d in batch], [d.text or "" for d in batch])
-            yield [_indexed_text(d.title or "", d.text or "") for d in batch]
+            yield [str(d.id) for d in batch], [d.title or "" for d in batch], [d.text or "" for d in batch]
 
     if workers > 1:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
@@ -432,8 +458,8 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, rea
                 bar.docs(res[4].size)
     else:
         _init_worker(analyzer.config_dict())
-        for texts in prepared():
-            res = _analyse_chunk(texts)
+        for batch in prepared():
+            res = _analyse_chunk(batch)
             ing.add_chunk(res)
             bar.docs(res[4].size)
     bar.close()
@@ -451,70 +477,36 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
     if block_size != opts.block_size:
         raise BuildError(f"max term frequency {ing.max_tf} needs {tf_bits} bits; doc blocks must be at most "
                          f"{block_size} docs (pass --block-size {block_size})")
-    lengths = ing.lengths.view
-    norms = encode_lengths(lengths)
-    norms.astype(np.uint8).tofile(tmp / L.NORMS)
-    doc_count = int((lengths > 0).sum())
-    avgdl = avgdl_f32(ing.sum_total_tf, doc_count)
-    cache = norm_cache(opts.k1, opts.b, avgdl)
+    with _Checksums(tmp) as sums, ThreadPoolExecutor(2) as pool:
+        for name in (L.STORE_BYTES, L.STORE_OFFSETS, L.DOCIDS_BYTES, L.DOCIDS_OFFSETS):
+            sums.add(tmp / name)
+        lengths = ing.lengths.view
+        norms = encode_lengths(lengths)
+        sums.write(tmp / L.NORMS, norms)
+        doc_count = int((lengths > 0).sum())
+        avgdl = avgdl_f32(ing.sum_total_tf, doc_count)
+        cache = norm_cache(opts.k1, opts.b, avgdl)
+        remap = _write_vocab(ing, sums)
+        V = remap.size
 
-    # Final term ids: rank of the term in sorted order (code point order == UTF-8 byte order).
-    terms = list(ing.vocab)
-    order = sorted(range(len(terms)), key=terms.__getitem__)
-    V = len(terms)
-    remap = np.empty(V, dtype=np.int64)
-    remap[np.asarray(order, dtype=np.int64)] = np.arange(V, dtype=np.int64)
-    encoded = [terms[i].encode("utf-8") for i in order]
-    voff = np.zeros(V + 1, dtype="<u8")
-    np.cumsum([len(e) for e in encoded], out=voff[1:])
-    (tmp / L.VOCAB_BYTES).write_bytes(b"".join(encoded))
-    voff.tofile(tmp / L.VOCAB_OFFSETS)
-    df = np.zeros(V, dtype="<u4")
-    df[remap] = ing.df.view
-    df.tofile(tmp / L.DF)
-    del encoded
-
-    # Shards: consecutive blocks, greedily, while the shard fits one bank.
-    num_blocks = (n + block_size - 1) // block_size
-    bp = ing.block_postings + [0] * (num_blocks - len(ing.block_postings))
-    be = ing.block_entries + [0] * (num_blocks - len(ing.block_entries))
-    shards: list[tuple[int, int]] = []
-    cur_start, cur_p, cur_e = 0, 0, 0
-    for blk in range(num_blocks):
-        docs_in = min((blk + 1) * block_size, n) - cur_start * block_size
-        size = L.shard_bytes(cur_p + bp[blk], cur_e + be[blk], V, docs_in)
-        if blk > cur_start and size > opts.bank_bytes:
-            shards.append((cur_start, blk))
-            cur_start, cur_p, cur_e = blk, 0, 0
-        one = L.shard_bytes(bp[blk], be[blk], V, min((blk + 1) * block_size, n) - blk * block_size)
-        if one > opts.bank_bytes:
-            raise BuildError(f"doc block {blk} alone needs {one} bytes, more than a bank ({opts.bank_bytes}); "
-                             f"use a smaller --block-size or a larger --bank-bytes")
-        cur_p += bp[blk]
-        cur_e += be[blk]
-    shards.append((cur_start, num_blocks))
-
-    runs_by_block: dict[int, list[tuple[Path, int]]] = {}
-    for blk, path, count in ing.runs:
-        runs_by_block.setdefault(blk, []).append((path, count))
-    log2_bs = block_size.bit_length() - 1
-    shard_meta = []
-    for si, (b0, b1) in enumerate(tqdm(shards, desc="writing shards", disable=not opts.progress)):
-        d = tmp / L.shard_dirname(si)
-        d.mkdir()
-        parts = [np.fromfile(p, dtype=np.uint32).reshape(3, c) for blk in range(b0, b1) for p, c in runs_by_block.get(blk, [])]
-        P, E = _write_shard(d, parts, remap, sum(be[b0:b1]), log2_bs, tf_bits, norms, cache)
-        del parts
-        doc_start, doc_end = b0 * block_size, min(b1 * block_size, n)
-        shard_meta.append({"dir": d.name, "doc_start": doc_start, "doc_end": doc_end, "block_start": b0,
-                           "block_end": b1, "postings": int(P), "entries": int(E),
-                           "bytes": L.shard_bytes(P, E, V, doc_end - doc_start)})
-
-    shutil.rmtree(tmp / "_runs")
-    files = {}
-    for p in sorted(tmp.rglob("*")):
-        if p.is_file():
-            files[str(p.relative_to(tmp))] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        num_blocks = (n + block_size - 1) // block_size
+        bp = ing.block_postings + [0] * (num_blocks - len(ing.block_postings))
+        be = ing.block_entries + [0] * (num_blocks - len(ing.block_entries))
+        log2_bs = block_size.bit_length() - 1
+        shard_meta = []
+        shards = _plan_shards(bp, be, V, n, block_size, opts.bank_bytes)
+        for si, (b0, b1) in enumerate(tqdm(shards, desc="writing shards", disable=not opts.progress)):
+            d = tmp / L.shard_dirname(si)
+            d.mkdir()
+            parts = [run.load() for run in ing.runs if b0 <= run.block < b1]
+            P, E = _write_shard(d, parts, remap, sum(be[b0:b1]), log2_bs, tf_bits, norms, cache, pool, sums)
+            del parts
+            doc_start, doc_end = b0 * block_size, min(b1 * block_size, n)
+            shard_meta.append({"dir": d.name, "doc_start": doc_start, "doc_end": doc_end, "block_start": b0,
+                               "block_end": b1, "postings": int(P), "entries": int(E),
+                               "bytes": L.shard_bytes(P, E, V, doc_end - doc_start)})
+        shutil.rmtree(tmp / "_runs")
+        files = sums.files()
     from ragserve import __version__
     manifest = {
         "format": L.FORMAT_NAME,
@@ -542,27 +534,133 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
     return manifest
 
 
-def _write_shard(d: Path, parts: list[np.ndarray], remap: np.ndarray, n_entries: int, log2_bs: int, tf_bits: int,
-                 norms: np.ndarray, cache: np.ndarray) -> tuple[int, int]:
-    """Write a shard's arrays (FORMAT.md) into ``d`` from its runs (each a (3, n) u32 array of provisional term
-    ids, docids and tfs, in docid order); returns (postings, block entries).
+class _Checksums:
+    """Size and SHA-256 of the index files for the manifest. Files handed to ``add`` or ``write`` are hashed by a
+    background thread (hashlib and file reads release the GIL) while the layout goes on."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._pool = ThreadPoolExecutor(1)
+        self._sums: dict[Path, Future] = {}
+
+    def __enter__(self) -> "_Checksums":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+    def add(self, path: Path) -> None:
+        self._sums[path] = self._pool.submit(_sha256, path)
+
+    def write(self, path: Path, a: np.ndarray) -> None:
+        """Write ``a`` as a raw little-endian array file and hash it."""
+        a.astype(a.dtype.newbyteorder("<"), copy=False).tofile(path)
+        self.add(path)
+
+    def files(self) -> dict[str, dict]:
+        """The manifest's ``files``: every file under the root, in path order."""
+        files = {}
+        for p in sorted(self.root.rglob("*")):
+            if p.is_file():
+                sha = self._sums[p].result() if p in self._sums else _sha256(p)
+                files[str(p.relative_to(self.root))] = {"bytes": p.stat().st_size, "sha256": sha}
+        return files
+
+
+def _write_vocab(ing: _Ingest, sums: _Checksums) -> np.ndarray:
+    """Write vocab.bin/.u64 and df.u32; returns the final term id of each provisional one. Final term ids are
+    ranks in sorted order (code point order == UTF-8 byte order)."""
+    terms = list(ing.vocab)
+    order = sorted(range(len(terms)), key=terms.__getitem__)
+    V = len(terms)
+    remap = np.empty(V, dtype=np.int64)
+    remap[np.asarray(order, dtype=np.int64)] = np.arange(V, dtype=np.int64)
+    encoded = [terms[i].encode("utf-8") for i in order]
+    voff = np.zeros(V + 1, dtype=np.uint64)
+    np.cumsum([len(e) for e in encoded], out=voff[1:])
+    (sums.root / L.VOCAB_BYTES).write_bytes(b"".join(encoded))
+    sums.add(sums.root / L.VOCAB_BYTES)
+    sums.write(sums.root / L.VOCAB_OFFSETS, voff)
+    df = np.zeros(V, dtype=np.uint32)
+    df[remap] = ing.term_stats.view[:, 0]
+    sums.write(sums.root / L.DF, df)
+    return remap
+
+
+def _plan_shards(bp: list[int], be: list[int], V: int, n: int, block_size: int, bank_bytes: int) -> list[tuple[int, int]]:
+    """Shards as (first block, end block): consecutive blocks, greedily, while the shard fits one bank."""
+    shards: list[tuple[int, int]] = []
+    cur_start, cur_p, cur_e = 0, 0, 0
+    for blk in range(len(bp)):
+        docs_in = min((blk + 1) * block_size, n) - cur_start * block_size
+        size = L.shard_bytes(cur_p + bp[blk], cur_e + be[blk], V, docs_in)
+        if blk > cur_start and size > bank_bytes:
+            shards.append((cur_start, blk))
+            cur_start, cur_p, cur_e = blk, 0, 0
+        one = L.shard_bytes(bp[blk], be[blk], V, min((blk + 1) * block_size, n) - blk * block_size)
+        if one > bank_bytes:
+            raise BuildError(f"doc block {blk} alone needs {one} bytes, more than a bank ({bank_bytes}); "
+                             f"use a smaller --block-size or a larger --bank-bytes")
+        cur_p += bp[blk]
+        cur_e += be[blk]
+    shards.append((cur_start, len(bp)))
+    return shards
+
+
+def _write_shard(d: Path, parts: list[tuple], remap: np.ndarray, n_entries: int, log2_bs: int, tf_bits: int,
+                 norms: np.ndarray, cache: np.ndarray, pool: ThreadPoolExecutor, sums: _Checksums) -> tuple[int, int]:
+    """Write a shard's arrays (FORMAT.md) into ``d`` from its runs in docid order (``_Run.load``: provisional term
+    ids, tfs, postings per document, first docid); returns (postings, block entries).
 
     The postings are ordered by (final term id, docid) with a counting sort by term: it is stable, so each term's
-    postings keep the runs' docid order, and it costs two passes instead of a sort."""
+    postings keep the runs' docid order, and it costs two passes instead of a sort. Both passes run on two
+    threads, each on half of the postings (the scatter with its own cursors, so they write disjoint places)."""
     V = remap.size
-    counts = np.zeros(V + 1, dtype=np.int64)
-    for part in parts:
-        _count_terms(part[0], remap, counts)
-    starts = np.cumsum(counts)  # postings of final term t: starts[t] .. starts[t + 1] - 1
+    halves = _halves(parts)
+    counts = list(pool.map(lambda half: _term_counts(half, remap), halves))
+    starts = np.cumsum(counts[0] + counts[1])  # postings of final term t: starts[t] .. starts[t + 1] - 1
     packed = np.empty(starts[V], dtype=np.uint32)
     docs = np.empty(starts[V], dtype=np.uint32)
-    cursor = starts[:V].copy()
-    for part in parts:
-        _scatter(part[0], part[1], part[2], remap, cursor, log2_bs, tf_bits, packed, docs)
+    cursors = (starts[:V].copy(), starts[:V] + counts[0][1:])
+
+    def scatter(half: list[tuple], cursor: np.ndarray) -> None:
+        for tids, tfs, uniq, first_doc in half:
+            _scatter(tids, tfs, uniq, first_doc, remap, cursor, log2_bs, tf_bits, packed, docs)
+
+    list(pool.map(scatter, halves, cursors))
     arrays = _block_entries(starts, packed, docs, n_entries, log2_bs, tf_bits, norms, cache)
     for name, a in zip(L.SHARD_FILES, (packed, *arrays)):
-        a.astype(a.dtype.newbyteorder("<"), copy=False).tofile(d / name)
+        sums.write(d / name, a)
     return packed.size, n_entries
+
+
+def _halves(parts: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """Runs cut at a document boundary into two lists with about half of the postings each, in docid order."""
+    half = sum(tids.size for tids, _, _, _ in parts) // 2
+    first: list[tuple] = []
+    second: list[tuple] = []
+    seen = 0
+    for tids, tfs, uniq, first_doc in parts:
+        need = half - seen
+        if need <= 0:
+            second.append((tids, tfs, uniq, first_doc))
+        elif need >= tids.size:
+            first.append((tids, tfs, uniq, first_doc))
+        else:
+            k = int(np.searchsorted(np.cumsum(uniq), need)) + 1  # the first k documents hold >= need postings
+            c = int(uniq[:k].sum())
+            first.append((tids[:c], tfs[:c], uniq[:k], first_doc))
+            second.append((tids[c:], tfs[c:], uniq[k:], first_doc + k))
+        seen += tids.size
+    return first, second
+
+
+def _term_counts(parts: list[tuple], remap: np.ndarray) -> np.ndarray:
+    """Postings per final term, shifted by one (counts[t + 1]) for an exclusive prefix sum."""
+    counts = np.zeros(remap.size + 1, dtype=np.int64)
+    for tids, _, _, _ in parts:
+        _count_terms(tids, remap, counts)
+    return counts
 
 
 @njit(cache=True, nogil=True)
@@ -572,15 +670,19 @@ def _count_terms(tids, remap, counts):
 
 
 @njit(cache=True, nogil=True)
-def _scatter(tids, docs, tfs, remap, cursor, log2_bs, tf_bits, packed, out_docs):
+def _scatter(tids, tfs, uniq, first_doc, remap, cursor, log2_bs, tf_bits, packed, out_docs):
     """Place each posting at its final term's cursor: packed (docid in block << tf_bits | tf) and docid."""
     in_block = (1 << log2_bs) - 1
-    for i in range(tids.size):
-        t = remap[tids[i]]
-        p = cursor[t]
-        cursor[t] = p + 1
-        packed[p] = ((docs[i] & in_block) << tf_bits) | tfs[i]
-        out_docs[p] = docs[i]
+    k = 0
+    for i in range(uniq.size):
+        doc = first_doc + i
+        for _ in range(uniq[i]):
+            t = remap[tids[k]]
+            p = cursor[t]
+            cursor[t] = p + 1
+            packed[p] = ((doc & in_block) << tf_bits) | tfs[k]
+            out_docs[p] = doc
+            k += 1
 
 
 @njit(cache=True, nogil=True)

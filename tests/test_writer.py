@@ -1,6 +1,7 @@
 """Layout writer: round trip, shard/bank sizing, block tables, atomic and interrupted builds."""
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections import Counter
@@ -190,29 +191,20 @@ def test_corrupt_or_partial_index_is_rejected(tmp_path):
         IndexReader(tmp_path / "idx")
 
 
-def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
-    """_write_shard's counting sort and block tables against a plain lexsort/reduceat construction."""
-    from indexer.writer import _write_shard
-
-    rng = np.random.default_rng(0)
-    log2_bs, tf_bits, V = 8, 6, 300
-    parts = []
-    for d0 in (0, 500, 700):  # runs come in docid order, grouped by document; blocks of 256 docs
-        pairs = {(int(t), int(d)) for t, d in zip(rng.integers(0, V, 4000), rng.integers(d0, d0 + 200, 4000))}
-        pairs = sorted(pairs, key=lambda x: (x[1], x[0]))
-        parts.append(np.array([[t for t, _ in pairs], [d for _, d in pairs], rng.integers(1, 60, len(pairs))],
-                              dtype=np.uint32))
-    remap = rng.permutation(V).astype(np.int64)
-    norms = rng.integers(0, 256, 1000).astype(np.uint8)
-    cache = rng.random(256).astype(np.float32)
-    tid, doc, tf = (np.concatenate([p[i] for p in parts]).astype(np.int64) for i in range(3))
+def _reference_shard(parts: list[tuple], remap: np.ndarray, log2_bs: int, tf_bits: int, norms: np.ndarray,
+                     cache: np.ndarray) -> dict:
+    """A shard's arrays by a plain lexsort/reduceat construction."""
+    V = remap.size
+    tid = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    tf = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    doc = np.concatenate([np.repeat(np.arange(first, first + uniq.size), uniq) for _, _, uniq, first in parts])
     tid = remap[tid]
     order = np.lexsort((doc, tid))
     tid, doc, tf = tid[order], doc[order], tf[order]
     blk = doc >> log2_bs
     starts = np.flatnonzero(np.concatenate(([True], (tid[1:] != tid[:-1]) | (blk[1:] != blk[:-1]))))
     q = tf.astype(np.float32) * cache[norms[doc]]
-    want = {
+    return {
         L.POSTINGS: ((doc - (blk << log2_bs)) << tf_bits | tf).astype(np.uint32),
         L.TERM_PTR: np.searchsorted(tid[starts], np.arange(V + 1)).astype(np.uint32),
         L.BLK_ID: blk[starts].astype(np.uint32),
@@ -221,10 +213,38 @@ def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
         L.BLK_MAXTF: np.maximum.reduceat(tf, starts).astype(np.uint32),
         L.BLK_MINNORM: np.minimum.reduceat(norms[doc], starts),
     }
-    assert _write_shard(tmp_path, parts, remap, starts.size, log2_bs, tf_bits, norms, cache) == (tid.size, starts.size)
-    for name, a in want.items():
-        assert (tmp_path / name).read_bytes() == a.astype(a.dtype.newbyteorder("<")).tobytes(), name
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert _write_shard(empty, [], remap, 0, log2_bs, tf_bits, norms, cache) == (0, 0)
-    assert (empty / L.TERM_PTR).read_bytes() == bytes(4 * (V + 1)) and (empty / L.BLK_START).read_bytes() == bytes(4)
+
+
+def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
+    """_write_shard (counting sort on two threads, numba block tables) against a plain construction."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from indexer.writer import _Checksums, _write_shard
+
+    rng = np.random.default_rng(0)
+    log2_bs, tf_bits, V = 8, 6, 300
+    parts = []
+    for d0 in (0, 500, 700):  # runs in docid order, postings grouped by document; blocks of 256 docs
+        pairs = sorted({(int(d), int(t)) for t, d in zip(rng.integers(0, V, 4000), rng.integers(d0, d0 + 200, 4000))})
+        uniq = np.bincount([d - d0 for d, _ in pairs], minlength=200).astype(np.uint32)
+        parts.append((np.array([t for _, t in pairs], dtype=np.uint32),
+                      rng.integers(1, 60, len(pairs)).astype(np.uint32), uniq, d0))
+    remap = rng.permutation(V).astype(np.int64)
+    norms = rng.integers(0, 256, 1000).astype(np.uint8)
+    cache = rng.random(256).astype(np.float32)
+    with _Checksums(tmp_path) as sums, ThreadPoolExecutor(2) as pool:
+        # Three runs (the two scatter halves cut inside the second), one run, none.
+        for i, runs in enumerate((parts, parts[1:2], [])):
+            d = tmp_path / f"shard{i}"
+            d.mkdir()
+            want = _reference_shard(runs, remap, log2_bs, tf_bits, norms, cache) if runs else {
+                L.POSTINGS: np.zeros(0, np.uint32), L.TERM_PTR: np.zeros(V + 1, np.uint32),
+                L.BLK_START: np.zeros(1, np.uint32)}
+            entries = want[L.BLK_START].size - 1
+            got = _write_shard(d, runs, remap, entries, log2_bs, tf_bits, norms, cache, pool, sums)
+            assert got == (want[L.POSTINGS].size, entries)
+            for name, a in want.items():
+                assert (d / name).read_bytes() == a.astype(a.dtype.newbyteorder("<")).tobytes(), name
+        files = sums.files()
+    assert files["shard0/" + L.POSTINGS]["sha256"] == hashlib.sha256((tmp_path / "shard0" / L.POSTINGS).read_bytes()).hexdigest()
+    assert len(files) == 3 * len(L.SHARD_FILES)
