@@ -13,7 +13,7 @@ from indexer.reader import IndexReader
 from indexer.writer import BuildOptions, build_index_from_documents
 from ragserve.backends.cpu import CpuBackend
 from ragserve.backends.gpu import GpuBackend
-from ragserve.backends.gpu_kernels import triton_available
+from ragserve.backends.gpu_tiles import triton_available
 from ragserve.backends.gpu_plan import MemoryPlanError, plan_memory
 from ragserve.searcher import SearchError, Searcher, resolve_backend_name
 from tests.conftest import shared
@@ -230,11 +230,41 @@ def test_cuda_parity(arguana, hotpot, kernel, term_order):
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_streaming_and_auto(arguana):
+@pytest.mark.parametrize("kernel", ["triton", "torch"])
+def test_cuda_streaming_and_auto(arguana, kernel):
+    if kernel == "triton" and not triton_available():
+        pytest.skip("triton is not installed")
     reader, cpu, queries = arguana
-    sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in reader.shards]
-    budget = plan_memory(reader.num_docs, sizes, 1 << 40, 1).total_bytes - 1
-    g = GpuBackend(reader, memory_bytes=budget, max_batch=8)
+    budget = GpuBackend(reader, kernel=kernel, max_batch=1).plan.total_bytes - 1  # everything but one byte
+    g = GpuBackend(reader, kernel=kernel, memory_bytes=budget, max_batch=8)
     assert g.describe()["streamed_shards"] >= 1
     assert_parity(g, cpu, queries[::5], 100)
     assert resolve_backend_name("auto") == "gpu"
+
+
+def test_tile_plan_orders_entries_canonically(hotpot):
+    """The tiled kernel's host plan: every block entry of every (query, term), ordered by (query, block, term id)
+    and grouped into (query, block) pairs, against a plain Python expansion (CPU only: no kernel involved)."""
+    from ragserve.backends.gpu_tiles import plan_tiles
+
+    reader, _, queries = hotpot
+    planner = GpuBackend(reader, device="cpu").device_arrays()["planner"]
+    items = planner.items(queries[:60])
+    pbase = (np.arange(len(reader.shards)) * 1_000_003)[items.shard]
+    want = []
+    for i in range(len(items)):
+        for e in range(int(items.e0[i]), int(items.e0[i] + items.ne[i])):
+            g = planner.offsets[items.shard[i]] + e
+            want.append((int(items.row[i]), int(planner.blk_id[g]), int(items.term[i]),
+                         int(pbase[i] + planner.blk_start[g]), int(planner.blk_start[g + 1] - planner.blk_start[g]),
+                         int(items.w[i:i + 1].view(np.int32)[0])))
+    want.sort()
+    plan = plan_tiles(planner, items, pbase)
+    t, n = plan.table, plan.n_ent
+    assert n == len(want) > 0 and plan.pairs_at % 2 == 0
+    assert t[:n].tolist() == [w[3] for w in want] and t[n:2 * n].tolist() == [w[4] for w in want]
+    assert t[2 * n:3 * n].tolist() == [w[5] for w in want] and plan.max_count == max(w[4] for w in want)
+    pairs = t[plan.pairs_at:].reshape(4, plan.n_pairs)
+    starts = [j for j in range(n) if j == 0 or want[j][:2] != want[j - 1][:2]]
+    assert pairs[2].tolist() == starts and pairs[3].tolist() == starts[1:] + [n]
+    assert [tuple(x) for x in pairs[:2].T.tolist()] == [want[j][:2] for j in starts]

@@ -1,12 +1,14 @@
-"""The GPU backend: exact BM25 top-k on a CUDA device (torch + a fused Triton kernel), batched.
+"""The GPU backend: exact BM25 top-k on a CUDA device (torch + Triton), batched.
 
 The layout's arrays go to the device as they are (``postings.u32``, ``blk_id.u32``, ``blk_start.u32`` of each
-shard, concatenated into one arena, and ``norms.u8``). A batch of queries is scored into a dense f64
-accumulator of shape [queries, num_docs]: the host turns the batch into work items (query, term, shard), and
-the kernel adds each posting's f32 term score into its cell. A query whose f64 sum is exact in any order
-(``bm25.sum_is_exact``) is scored in one launch with atomic adds; otherwise its terms go one launch each in
-ascending term id, so every cell sums in the canonical order. Either way the scores equal the CPU backend's
-bit for bit. Shards that do not fit the memory budget stay on the host and are staged per batch.
+shard, concatenated into one arena, and ``norms.u8``). The host turns a batch of queries into work items
+(query, term, shard). Two scoring paths, both equal to the CPU backend bit for bit:
+- ``triton`` (CUDA, the default there): ``gpu_tiles`` scores doc tiles in on-chip scratch in the canonical
+  term order and keeps only group maxima and the scores that can reach the top-k;
+- ``torch`` (any device, the reference): a dense f64 accumulator of shape [queries, num_docs]; a query whose
+  f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go one
+  launch each in ascending term id, so every cell sums in the canonical order.
+Shards that do not fit the memory budget stay on the host and are staged per batch.
 
 Nothing global is touched: every tensor lives on the configured device, and kernels run inside
 ``torch.cuda.device(...)`` so a generator can share the GPU (and the current device is restored).
@@ -23,9 +25,10 @@ import torch
 from indexer.reader import IndexReader
 from ragserve import bm25
 from ragserve.backends import gpu_kernels as K
+from ragserve.backends import gpu_tiles as T
 from ragserve.backends.gpu_items import ItemPlanner, Items
 from ragserve.backends.gpu_plan import MemoryPlan, plan_memory
-from ragserve.backends.gpu_topk import METHODS as TOPK_METHODS, select_topk, select_topk_triton
+from ragserve.backends.gpu_topk import METHODS as TOPK_METHODS, select_topk
 from ragserve.bm25 import QueryTerms
 from ragserve.searcher import Backend, KernelTimes, SearchError, TopK
 
@@ -78,9 +81,14 @@ class GpuBackend(Backend):
         if memory_bytes is None:
             memory_bytes = self._default_budget()
         shard_sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in index.shards]
-        self.plan: MemoryPlan = plan_memory(self.num_docs, shard_sizes, int(memory_bytes), max_batch)
-        # Host-side tables: work items are planned from term_ptr/blk_start; streamed shards are staged from here.
-        self._planner = ItemPlanner([s.term_ptr for s in index.shards], [s.blk_start for s in index.shards])
+        tiled = self.kernel == "triton"
+        self.plan: MemoryPlan = plan_memory(
+            self.num_docs, shard_sizes, int(memory_bytes), max_batch,
+            row_bytes=T.TileScorer.row_bytes(self.num_docs, index.block_size) if tiled else None,
+            work_bytes=T.TileScorer.work_bytes(self.device, index.block_size) if tiled else 0)
+        # Host-side tables: work items are planned from them; streamed shards are staged from the layout.
+        self._planner = ItemPlanner([s.term_ptr for s in index.shards], [s.blk_start for s in index.shards],
+                                    [s.blk_id for s in index.shards])
         norms = np.asarray(index.norms)
         # Smallest possible q over the index (tf >= 1, longest length present): proves f64 sums exact.
         self._max_norm = int(norms.max()) if norms.size else 0
@@ -88,15 +96,17 @@ class GpuBackend(Backend):
         self._acc: torch.Tensor | None = None
         with self._on_device():
             self._load(norms)
+            self._tiles = (T.TileScorer(self.num_docs, index.block_size, self.tf_bits, self.plan.rows, self.device)
+                           if tiled else None)
 
     # -- setup --------------------------------------------------------------------------------
     def _pick_kernel(self, kernel: str) -> str:
         if kernel not in ("auto", "triton", "torch"):
             raise SearchError(f"kernel must be 'auto', 'triton' or 'torch', got {kernel!r}")
         if kernel == "auto":
-            return "triton" if self.device.type == "cuda" and K.triton_available() else "torch"
+            return "triton" if self.device.type == "cuda" and T.triton_available() else "torch"
         if kernel == "triton":
-            if not K.triton_available():
+            if not T.triton_available():
                 raise SearchError("kernel='triton' asked for, but triton is not installed")
             # Triton's interpreter (TRITON_INTERPRET=1) runs the same kernel on CPU tensors, for checking it.
             if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -158,8 +168,9 @@ class GpuBackend(Backend):
 
     def describe(self) -> dict:
         p = self.plan
-        return {"backend": self.name, "device": str(self.device), "kernel": self.kernel, "term_order": self.term_order,
-                "topk": self.topk,
+        path = ({"tile_docs": self._tiles.tile, "programs": self._tiles.programs} if self._tiles is not None
+                else {"term_order": self.term_order, "topk": self.topk})
+        return {"backend": self.name, "device": str(self.device), "kernel": self.kernel, **path,
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
                 "resident_shards": len(p.resident), "streamed_shards": len(p.streamed),
                 "resident_shard_bytes": p.resident_bytes, "staging_bytes": p.staging_bytes,
@@ -174,8 +185,9 @@ class GpuBackend(Backend):
         return self._caches[key]
 
     def _accumulator(self, rows: int) -> torch.Tensor:
-        if self._acc is None:
-            self._acc = torch.zeros((self.plan.rows, self.num_docs), dtype=torch.float64, device=self.device)
+        if self._acc is None or self._acc.shape[0] < rows:
+            n = rows if self._tiles is not None else self.plan.rows  # the tiled path only borrows one for counts
+            self._acc = torch.zeros((n, self.num_docs), dtype=torch.float64, device=self.device)
         return self._acc[:rows]
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
@@ -191,14 +203,14 @@ class GpuBackend(Backend):
                 idx = todo[c:c + self.plan.rows]
                 qs = [queries[i] for i in idx]
                 t0 = time.perf_counter()
-                acc = self.accumulate(qs, cache, min_q)
+                if self._tiles is not None:
+                    self._score_tiles(qs, cache)
+                else:
+                    acc = self.accumulate(qs, cache, min_q)
                 if times is not None:
                     self._sync()
                     t1 = time.perf_counter()
-                if self.kernel == "triton" and self.topk == "blockmax":
-                    tops = select_topk_triton(acc, k)
-                else:
-                    tops = select_topk(acc, k, self.topk)
+                tops = self._tiles.topk(len(qs), k) if self._tiles is not None else select_topk(acc, k, self.topk)
                 if times is not None:
                     t2 = time.perf_counter()
                     times.relevancy += t1 - t0
@@ -208,14 +220,18 @@ class GpuBackend(Backend):
         return results
 
     def matched_counts(self, queries: list[QueryTerms], k1: float, b: float) -> np.ndarray:
-        """Number of documents each query matches (its nonzero accumulator cells): top-k input size."""
+        """Number of documents each query matches (nonzero cells of the dense path's accumulator; one query
+        at a time on the tiled path, whose memory plan has no room for dense rows): top-k input size."""
         out = []
+        rows = 1 if self._tiles is not None else self.plan.rows
         with self._on_device():
             cache = self._cache(k1, b)[1]
-            for c in range(0, len(queries), self.plan.rows):
-                acc = self.accumulate(queries[c:c + self.plan.rows], cache, 0.0)
+            for c in range(0, len(queries), rows):
+                acc = self.accumulate(queries[c:c + rows], cache, 0.0)
                 out.append((acc != 0).sum(dim=1).cpu().numpy())
                 acc.zero_()
+        if self._tiles is not None:
+            self._acc = None
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def device_arrays(self) -> dict:
@@ -236,45 +252,58 @@ class GpuBackend(Backend):
 
     def _accumulate(self, queries: list[QueryTerms], cache: torch.Tensor, min_q: float) -> torch.Tensor:
         acc = self._accumulator(len(queries))
-        items = self._planner.items(queries)
-        if self.term_order == "auto":
-            exact = np.array([bm25.sum_is_exact(q.weights, min_q) for q in queries], dtype=bool)
-        else:
-            exact = np.zeros(len(queries), dtype=bool)
+        exact = self._exact(queries, min_q)
+        self._by_shard(self._planner.items(queries),
+                       lambda part, pbase, e0: self._launch_all(part, pbase, e0, exact, cache, acc))
+        return acc
+
+    def _score_tiles(self, queries: list[QueryTerms], cache: torch.Tensor) -> None:
+        tiles = self._tiles
+        tiles.begin(len(queries))
+        self._by_shard(self._planner.items(queries), lambda part, pbase, e0: tiles.score(
+            T.plan_tiles(self._planner, part, pbase), self._post, self._norms, cache))
+
+    def _exact(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
+        """Per query: may its f64 sums be formed in any order (``bm25.sum_is_exact``; never with
+        ``term_order='ascending'``)."""
+        if self.term_order != "auto":
+            return np.zeros(len(queries), dtype=bool)
+        return np.array([bm25.sum_is_exact(q.weights, min_q) for q in queries], dtype=bool)
+
+    def _by_shard(self, items: Items, launch) -> None:
+        """``launch(items, posting base, first entry in the arena)`` for the resident shards' items at once,
+        then for each streamed shard's items once they are staged."""
         streamed = np.isin(items.shard, self.plan.streamed)
         resident = items.take(~streamed)
-        self._launch_all(resident, self._pbase[resident.shard], self._ebase[resident.shard] + resident.e0,
-                         exact, cache, acc)
+        if len(resident):
+            launch(resident, self._pbase[resident.shard], self._ebase[resident.shard] + resident.e0)
         for s in self.plan.streamed:
             part = items.take(items.shard == s)
             if len(part):
                 pbase, e0 = self._stage(s, part)
-                self._launch_all(part, pbase, e0, exact, cache, acc)
-        return acc
+                launch(part, pbase, e0)
 
     def _launch_all(self, items: Items, pbase: np.ndarray, e0: np.ndarray, exact: np.ndarray,
                     cache: torch.Tensor, acc: torch.Tensor) -> None:
-        """Exact rows in one atomic launch; the others one launch per term position, ascending."""
+        """Exact rows in one launch (their sums do not depend on the order); the others one launch per term
+        position, ascending."""
         if len(items) == 0:
             return
         is_exact = exact[items.row]
-        self._launch(items, pbase, e0, is_exact, True, cache, acc)
+        self._launch(items, pbase, e0, is_exact, cache, acc)
         rest = ~is_exact
         if rest.any():
             for j in range(int(items.slot[rest].max()) + 1):
-                self._launch(items, pbase, e0, rest & (items.slot == j), False, cache, acc)
+                self._launch(items, pbase, e0, rest & (items.slot == j), cache, acc)
 
-    def _launch(self, items: Items, pbase: np.ndarray, e0: np.ndarray, sel: np.ndarray, atomic: bool,
+    def _launch(self, items: Items, pbase: np.ndarray, e0: np.ndarray, sel: np.ndarray,
                 cache: torch.Tensor, acc: torch.Tensor) -> None:
         if not sel.any():
             return
         it = items.take(sel)
         args = (it.a, it.n, e0[sel], it.ne, pbase[sel], it.row * self.num_docs, it.w)
         tail = (self._post, self._bid, self._bst, self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
-        if self.kernel == "triton":
-            K.score_triton(*args, *tail, atomic=atomic)
-        else:
-            K.score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), *tail)
+        K.score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), *tail)
 
     def _stage(self, s: int, items: Items) -> tuple[np.ndarray, np.ndarray]:
         """Copy the postings and entries the items need from host shard ``s`` into the staging area.
@@ -314,6 +343,6 @@ class GpuBackend(Backend):
             dst[offset:offset + count].copy_(self._stage_host[which][:count], non_blocking=True)
 
     def close(self) -> None:
-        self._acc = None
+        self._acc = self._tiles = None
         self._post = self._bid = self._bst = self._norms = None
         self._caches.clear()

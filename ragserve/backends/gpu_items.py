@@ -36,12 +36,15 @@ class Items:
 
 
 class ItemPlanner:
-    """Host copies of every shard's ``term_ptr`` (stacked) and ``blk_start`` (concatenated), so planning a
-    batch is a few vectorised lookups whatever the number of shards."""
+    """Host copies of every shard's ``term_ptr`` (stacked), ``blk_start`` and ``blk_id`` (concatenated, the
+    latter padded to the former's length so one offset per shard serves both), so planning a batch is a few
+    vectorised lookups whatever the number of shards."""
 
-    def __init__(self, term_ptrs: list[np.ndarray], blk_starts: list[np.ndarray]) -> None:
+    def __init__(self, term_ptrs: list[np.ndarray], blk_starts: list[np.ndarray], blk_ids: list[np.ndarray]) -> None:
         self.term_ptr = np.stack([np.asarray(t) for t in term_ptrs]) if term_ptrs else np.zeros((0, 1), np.uint32)
         self.blk_start = np.concatenate([np.asarray(b) for b in blk_starts]) if blk_starts else np.zeros(0, np.uint32)
+        self.blk_id = (np.concatenate([np.append(np.asarray(b), np.uint32(0)) for b in blk_ids]) if blk_ids
+                       else np.zeros(0, np.uint32))
         self.offsets = np.cumsum([0] + [b.size for b in blk_starts])[:-1].astype(np.int64)
 
     def items(self, queries: list[QueryTerms]) -> Items:

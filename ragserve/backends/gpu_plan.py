@@ -3,8 +3,9 @@
 A shard on the device holds its layout arrays as they are: ``postings.u32`` (4 bytes a posting) and
 ``blk_id.u32`` / ``blk_start.u32`` (4 bytes an entry each, plus one sentinel). The other per-shard tables
 (``term_ptr``, block bounds) stay on the host, where work items are planned. Besides the shards the device
-needs the norms (1 byte a doc) and, per query scored at once, an accumulator row of ``num_docs`` f64 plus the
-top-k working set (``ROW_BYTES_PER_DOC``). Shards that do not fit are copied, the slices a batch needs, into
+needs the norms (1 byte a doc) and, per query scored at once, a row of per-doc working memory: on the dense
+path an f64 accumulator plus the top-k working set (``ROW_BYTES_PER_DOC``), on the tiled path kept f32 scores
+and group maxima; the tiled path also has fixed per-program scratch (``work_bytes``). Shards that do not fit are copied, the slices a batch needs, into
 a staging area as large as the largest such shard.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ class MemoryPlan:
     staging_entries: int  # capacity of the staging area, entries (with the staged terms' end sentinels)
     rows: int  # queries scored at once
     row_bytes: int
+    work_bytes: int = 0  # scoring scratch, whatever the batch
 
     @property
     def staging_bytes(self) -> int:
@@ -48,19 +50,23 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.index_bytes + self.rows * self.row_bytes
+        return self.index_bytes + self.work_bytes + self.rows * self.row_bytes
 
 
-def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_rows: int) -> MemoryPlan:
+def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_rows: int,
+                row_bytes: int | None = None, work_bytes: int = 0) -> MemoryPlan:
     """Place shards (``(postings, entries)`` each) within ``budget`` bytes, leaving room for >= 1 row.
 
-    Shards are kept resident in index order as long as they fit; the rest stream. Raises ``MemoryPlanError``
-    when not even the norms, one row and the staging area fit.
+    ``row_bytes`` is the device memory per query of a batch (the dense path's ``ROW_BYTES_PER_DOC`` per doc
+    by default), ``work_bytes`` what the scoring needs whatever the batch. Shards are kept resident in index
+    order as long as they fit; the rest stream. Raises ``MemoryPlanError`` when not even the norms, one row,
+    the working memory and the staging area fit.
     """
     if max_rows < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_rows}")
-    row_bytes = ROW_BYTES_PER_DOC * num_docs
-    fixed = num_docs + row_bytes
+    if row_bytes is None:
+        row_bytes = ROW_BYTES_PER_DOC * num_docs
+    fixed = num_docs + row_bytes + work_bytes
     sizes = [shard_device_bytes(p, e) for p, e in shards]
     if fixed + sum(sizes) <= budget:
         resident, streamed = tuple(range(len(shards))), ()
@@ -74,7 +80,8 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
         if room < 0:
             raise MemoryPlanError(
                 f"the GPU backend needs at least {fixed + stage:,} bytes of device memory (norms {num_docs:,}, "
-                f"one accumulator row {row_bytes:,}, staging for the largest shard {stage:,}); the budget is "
+                f"one query row {row_bytes:,}, scoring work {work_bytes:,}, staging for the largest shard "
+                f"{stage:,}); the budget is "
                 f"{budget:,} bytes: free device memory or raise memory_bytes")
         res = []
         for i, size in enumerate(sizes):
@@ -85,8 +92,8 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
         streamed = tuple(i for i in range(len(shards)) if i not in res)
     resident_bytes = sum(sizes[i] for i in resident)
     staging = shard_device_bytes(stage_p, stage_e - 1) if streamed else 0
-    spare = budget - num_docs - resident_bytes - staging
+    spare = budget - num_docs - work_bytes - resident_bytes - staging
     rows = max(1, min(max_rows, spare // row_bytes)) if row_bytes else max_rows
     return MemoryPlan(budget=budget, norms_bytes=num_docs, resident=resident, streamed=streamed,
                       resident_bytes=resident_bytes, staging_postings=stage_p, staging_entries=stage_e,
-                      rows=int(rows), row_bytes=row_bytes)
+                      rows=int(rows), row_bytes=row_bytes, work_bytes=work_bytes)

@@ -8,19 +8,17 @@ on the device; the host keeps each row's first k. Two ways to get the threshold:
 - ``blockmax``: the k-th largest of the maxima of groups of ``GROUP`` consecutive docs. At least k groups,
   so at least k docs, reach it, so it is <= the k-th score: a lower bound found in a 1/GROUP-sized array.
   Candidates are then at most GROUP times the number of groups reaching it (plus ties).
-With the Triton kernels, ``blockmax`` reads the accumulator twice (group maxima, then candidates) and never
-materialises the f32 scores.
+This is the dense path (torch ops, any device); ``gpu_tiles`` does the same selection without dense rows.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ragserve.backends import gpu_kernels as K
 from ragserve.searcher import TopK
 
-_TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
-GROUP = K.GROUP
+TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
+GROUP = 32
 METHODS = ("blockmax", "topk")
 
 
@@ -35,7 +33,7 @@ def _threshold(scores: torch.Tensor, k: int, method: str) -> torch.Tensor:
     return torch.topk(scores, min(k, num_docs), dim=1, largest=True, sorted=False).values.min(dim=1).values
 
 
-def _ranked(rows: int, k: int, r: torch.Tensor, d: torch.Tensor, s: torch.Tensor) -> list[TopK]:
+def ranked(rows: int, k: int, r: torch.Tensor, d: torch.Tensor, s: torch.Tensor) -> list[TopK]:
     """Candidates (row, doc, score), already ordered by (row, doc), ranked per row and cut at k."""
     # Positive f32 scores order like their bit patterns; a stable sort keeps docid order among ties.
     key = (r << 32) | (0x7FFFFFFF - s.view(torch.int32).long())
@@ -55,19 +53,5 @@ def select_topk(acc: torch.Tensor, k: int, method: str = "blockmax") -> list[Top
     acc.zero_()
     kth = _threshold(scores, k, method)
     # Only matched docs (score > 0) rank; a row with fewer than k of them keeps them all.
-    r, d = (scores >= kth.clamp_min(_TINY)[:, None]).nonzero(as_tuple=True)  # row-major, docid ascending
-    return _ranked(rows, k, r, d, scores[r, d])
-
-
-def select_topk_triton(acc: torch.Tensor, k: int) -> list[TopK]:
-    """``select_topk`` with the ``blockmax`` threshold, through the Triton kernels (two reads of ``acc``)."""
-    rows, num_docs = acc.shape
-    if num_docs < GROUP * k:
-        return select_topk(acc, k, "topk")
-    maxima = K.group_max_triton(acc)
-    thr = torch.topk(maxima, k, dim=1, largest=True, sorted=False).values.min(dim=1).values.clamp_min(_TINY)
-    idx, score = K.collect_triton(acc, thr, max(1 << 16, 4 * k * rows))
-    acc.zero_()
-    idx, order = torch.sort(idx)  # collected in no order: (row, doc) ascending first
-    r = idx // num_docs
-    return _ranked(rows, k, r, idx - r * num_docs, score[order])
+    r, d = (scores >= kth.clamp_min(TINY)[:, None]).nonzero(as_tuple=True)  # row-major, docid ascending
+    return ranked(rows, k, r, d, scores[r, d])

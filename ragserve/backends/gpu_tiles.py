@@ -1,0 +1,326 @@
+"""Tiled BM25 scoring and top-k on CUDA (Triton): no f64 accumulator row ever goes to device memory.
+
+The doc space is cut into tiles of ``TILE`` docs inside the layout's doc blocks. One program scores one
+(query, tile) at a time into its own ``TILE``-cell f64 scratch (16 KiB: it stays in L1/L2), adding the
+query's terms one after the other in ascending term id, so every sum is the canonical one of
+``indexer/FORMAT.md`` and the scores equal the CPU backend's bit for bit with no atomics. From the tile it
+writes the f32 maximum of each group of ``GROUP`` docs and the f32 scores of the groups that matched. The
+device traffic is the postings, the norms they touch, and 4 bytes per matched doc plus the group maxima,
+instead of a dense f64 row's 16 bytes per posting and 24 per doc.
+
+Then per query: the threshold is the k-th largest tile maximum (at least k tiles, so at least k docs, reach
+it: a lower bound of the k-th score), and a collect kernel reads only the groups whose maximum reaches it.
+
+Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
+vectorised binary search (``_bounds_kernel``); the scoring kernel then walks contiguous posting ranges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numba import njit
+
+from ragserve.backends.gpu_items import ItemPlanner, Items
+from ragserve.backends.gpu_topk import TINY, ranked
+from ragserve.searcher import SearchError, TopK
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU wheel of torch ships without Triton
+    triton = None
+
+TILE_MAX = 2048  # docs per tile: 16 KiB of f64 scratch per program
+GROUP = 32  # docs per group maximum
+CHUNK = 128  # postings per vector step: a term has ~0-1,000 postings in a tile, and idle lanes cost issue slots
+COLLECT_GROUPS = 64  # groups per collect program
+HOST_RANK_MAX = 1 << 15  # candidates ranked on the host below this (a device sort costs more launches)
+PROGRAMS_PER_SM = 16
+NUM_WARPS = 4
+
+
+def tile_size(block_size: int) -> int:
+    """Tiles never straddle a doc block: the largest power of two <= TILE_MAX dividing the block size."""
+    return min(block_size, TILE_MAX)
+
+
+# Entries are sorted on one int64 key: row (15 bits), global doc block (28), term position in the query (20).
+_BLK_BITS, _SLOT_BITS = 28, 20
+MAX_ROWS, MAX_BLOCKS, MAX_TERMS = 1 << 15, 1 << _BLK_BITS, 1 << _SLOT_BITS
+
+
+@dataclass
+class TilePlan:
+    """One launch's work, on the host: entries sorted by (row, block, term id), grouped into (row, block) pairs."""
+
+    table: np.ndarray  # int64: start, count, weight bits (n_ent each), [pad], row, blk, i0, i1 (n_pairs each)
+    n_ent: int
+    n_pairs: int
+    pairs_at: int  # index of the pair columns in ``table`` (16-byte aligned)
+    max_count: int  # postings of the longest entry
+
+
+@njit(cache=True, nogil=True)
+def _plan(e0, ne, shard, slot, row, wbits, pbase, offsets, blk_start, blk_id):
+    total = 0
+    for i in range(e0.size):
+        total += ne[i]
+    key = np.empty(total, np.int64)
+    start = np.empty(total, np.int64)
+    count = np.empty(total, np.int64)
+    wb = np.empty(total, np.int64)
+    n = 0
+    for i in range(e0.size):
+        g0 = offsets[shard[i]] + e0[i]
+        for g in range(g0, g0 + ne[i]):
+            f = np.int64(blk_start[g])
+            start[n] = pbase[i] + f
+            count[n] = np.int64(blk_start[g + 1]) - f
+            wb[n] = wbits[i]
+            key[n] = (row[i] << (_BLK_BITS + _SLOT_BITS)) | (np.int64(blk_id[g]) << _SLOT_BITS) | slot[i]
+            n += 1
+    order = np.argsort(key)  # keys are distinct: a term has one entry per block
+    n_pairs = 0
+    prev = -1
+    for j in range(total):
+        kp = key[order[j]] >> _SLOT_BITS
+        if kp != prev:
+            n_pairs += 1
+            prev = kp
+    pad = (3 * total) & 1
+    at = 3 * total + pad
+    table = np.zeros(at + 4 * n_pairs, np.int64)
+    p = -1
+    prev = -1
+    max_count = 0
+    for j in range(total):
+        o = order[j]
+        table[j] = start[o]
+        table[total + j] = count[o]
+        table[2 * total + j] = wb[o]
+        max_count = max(max_count, count[o])
+        kp = key[o] >> _SLOT_BITS
+        if kp != prev:
+            p += 1
+            prev = kp
+            table[at + p] = kp >> _BLK_BITS
+            table[at + n_pairs + p] = kp & ((1 << _BLK_BITS) - 1)
+            table[at + 2 * n_pairs + p] = j
+        table[at + 3 * n_pairs + p] = j + 1
+    return table, total, n_pairs, at, max_count
+
+
+def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray) -> TilePlan:
+    """Expand work items (query, term, shard) into their block entries and order them for the tile kernel.
+
+    ``pbase`` is each item's arena offset of its shard's posting 0 (resident or staged).
+    """
+    if len(items) and int(items.slot.max()) >= MAX_TERMS:
+        raise SearchError(f"a query has more than {MAX_TERMS - 1:,} distinct terms")
+    wbits = items.w.astype(np.float32).view(np.int32).astype(np.int64)
+    table, n_ent, n_pairs, at, max_count = _plan(items.e0, items.ne, items.shard, items.slot, items.row, wbits,
+                                                 pbase.astype(np.int64), planner.offsets, planner.blk_start,
+                                                 planner.blk_id)
+    return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["n_ent", "steps"])
+    def _bounds_kernel(ent, n_ent, post, bounds, tf_bits, steps, TILE: tl.constexpr, TPB: tl.constexpr):
+        # bounds[e, j] = first posting of entry e whose doc offset is >= j * TILE (binary search per lane).
+        e = tl.program_id(0).to(tl.int64)
+        st = tl.load(ent + e)
+        cnt = tl.load(ent + n_ent + e)
+        j = tl.arange(0, TPB).to(tl.int64)
+        target = (j * TILE) << tf_bits
+        lo = tl.zeros([TPB], dtype=tl.int64)
+        hi = lo + cnt
+        for _ in range(steps):
+            open_ = lo < hi
+            mid = (lo + hi) >> 1
+            v = tl.load(post + st + mid, mask=open_, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
+            right = v < target
+            lo = tl.where(open_ & right, mid + 1, lo)
+            hi = tl.where(open_ & (v >= target), mid, hi)
+        tl.store(bounds + e * TPB + j, lo.to(tl.int32))
+
+    @triton.jit(do_not_specialize=["n_ent", "n_pairs", "n_units", "num_docs", "n_groups", "n_tiles"])
+    def _tile_kernel(ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, scratch, maxima, tile_maxima,
+                     scores, num_docs, n_groups, n_tiles, tf_bits, tf_mask, block_size,
+                     TILE: tl.constexpr, TPB: tl.constexpr, GROUP_: tl.constexpr, CHUNK_: tl.constexpr):
+        # Unit u is (pair u // TPB, tile u % TPB); a tile's terms are added one after the other in ascending
+        # term id, the canonical summation order, with plain loads and stores to the program's own scratch.
+        NG: tl.constexpr = TILE // GROUP_
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        sbase = scratch + pid.to(tl.int64) * TILE
+        gr = tl.arange(0, NG)
+        cell = gr[:, None] * GROUP_ + tl.arange(0, GROUP_)[None, :]
+        lanes = tl.arange(0, CHUNK_)
+        for u in range(pid, n_units, nprog):  # persistent: the scratch belongs to this program alone
+            pair = u // TPB
+            tile = u % TPB
+            row = tl.load(pairs + pair)
+            blk = tl.load(pairs + n_pairs + pair)
+            i0 = tl.load(pairs + 2 * n_pairs + pair)
+            i1 = tl.load(pairs + 3 * n_pairs + pair)
+            d0 = blk * block_size + tile * TILE
+            toff = tile * TILE
+            work = 0
+            if d0 < num_docs:
+                for e in range(i0, i1):
+                    cnt = tl.load(ent + n_ent + e)
+                    lo = tl.load(bounds + e * TPB + tile)
+                    hi = tl.load(bounds + e * TPB + tile + 1, mask=tile + 1 < TPB, other=cnt.to(tl.int32))
+                    st = tl.load(ent + e)
+                    w = tl.load(ent + 2 * n_ent + e).to(tl.int32).to(tl.float32, bitcast=True)
+                    work += hi - lo
+                    for c in range(lo, hi, CHUNK_):
+                        j = c + lanes
+                        m = j < hi
+                        p = tl.load(post + st + j, mask=m, other=0).to(tl.uint32, bitcast=True)
+                        off = (p >> tf_bits).to(tl.int32) - toff
+                        nrm = tl.load(norms + d0 + off, mask=m, other=0).to(tl.int32)
+                        q = (p & tf_mask).to(tl.float32) * tl.load(cache + nrm, mask=m, other=0.0)
+                        wv = tl.zeros([CHUNK_], dtype=tl.float32) + w
+                        s = wv - tl.math.div_rn(wv, 1.0 + q)
+                        old = tl.load(sbase + off, mask=m, other=0.0)
+                        tl.store(sbase + off, old + s.to(tl.float64), mask=m)
+                    tl.debug_barrier()  # the next term may add to the same cells from other threads
+            if work > 0:
+                sc = tl.load(sbase + cell).to(tl.float32)
+                gm = tl.max(sc, axis=1)
+                g = d0 // GROUP_ + gr
+                tl.store(maxima + row * n_groups + g, gm, mask=g < n_groups)
+                tl.store(tile_maxima + row * n_tiles + d0 // TILE, tl.max(gm, axis=0))
+                doc = d0 + cell
+                tl.store(scores + row * num_docs + doc, sc, mask=(gm > 0.0)[:, None] & (doc < num_docs))
+                tl.store(sbase + cell, tl.zeros([NG, GROUP_], dtype=tl.float64))
+                tl.debug_barrier()  # the scratch is clean before the next tile adds to it
+
+    @triton.jit(do_not_specialize=["num_docs", "n_groups", "cap"])
+    def _collect_kernel(scores, maxima, thr, num_docs, n_groups, out_idx, out_score, counter, cap,
+                        NGB: tl.constexpr, GROUP_: tl.constexpr):
+        # Append (row * num_docs + doc, score) of the docs scoring >= the row's threshold, reading only the
+        # groups whose maximum reaches it.
+        row = tl.program_id(1).to(tl.int64)
+        g = tl.program_id(0).to(tl.int64) * NGB + tl.arange(0, NGB)
+        t = tl.load(thr + row)
+        gm = tl.load(maxima + row * n_groups + g, mask=g < n_groups, other=0.0)
+        sel = gm >= t
+        if tl.max(sel.to(tl.int32), axis=0) > 0:
+            doc = g[:, None] * GROUP_ + tl.arange(0, GROUP_)[None, :]
+            m = sel[:, None] & (doc < num_docs)
+            s = tl.load(scores + row * num_docs + doc, mask=m, other=0.0)
+            ok = tl.reshape(m & (s >= t), [NGB * GROUP_])
+            ok_i = ok.to(tl.int32)
+            first = tl.atomic_add(counter, tl.sum(ok_i, axis=0))
+            pos = first + tl.cumsum(ok_i, axis=0) - 1
+            keep = ok & (pos < cap)
+            tl.store(out_idx + pos, tl.reshape(row * num_docs + doc, [NGB * GROUP_]), mask=keep)
+            tl.store(out_score + pos, tl.reshape(s, [NGB * GROUP_]), mask=keep)
+
+
+def _programs(device: torch.device) -> int:
+    """Programs of the persistent scoring kernel: a few per multiprocessor (one on the CPU interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
+
+
+def triton_available() -> bool:
+    return triton is not None
+
+
+class TileScorer:
+    """Device buffers and launches of the tiled pipeline for one index (see the module docstring)."""
+
+    def __init__(self, num_docs: int, block_size: int, tf_bits: int, max_rows: int, device: torch.device) -> None:
+        self.num_docs, self.block_size, self.tf_bits = num_docs, block_size, tf_bits
+        self.tile = tile_size(block_size)
+        self.tpb = block_size // self.tile
+        self.group = min(GROUP, self.tile)  # a group never straddles tiles
+        self.n_groups = (num_docs + self.group - 1) // self.group
+        self.device = device
+        self.programs = _programs(device)
+        self.scratch = torch.zeros(self.programs * self.tile, dtype=torch.float64, device=device)
+        if max_rows > MAX_ROWS or (num_docs + block_size - 1) // block_size > MAX_BLOCKS:
+            raise SearchError(f"the tiled kernel takes at most {MAX_ROWS:,} queries a batch and {MAX_BLOCKS:,} doc "
+                              "blocks: lower max_batch or use kernel='torch'")
+        self.n_tiles = (num_docs + self.tile - 1) // self.tile
+        self.maxima = torch.zeros((max_rows, self.n_groups), dtype=torch.float32, device=device)
+        self.tile_maxima = torch.zeros((max_rows, self.n_tiles), dtype=torch.float32, device=device)
+        self.scores = torch.empty((max_rows, num_docs), dtype=torch.float32, device=device)
+
+    @staticmethod
+    def work_bytes(device: torch.device, block_size: int) -> int:
+        """Device bytes of the per-program scratch."""
+        return _programs(device) * tile_size(block_size) * 8
+
+    @staticmethod
+    def row_bytes(num_docs: int, block_size: int) -> int:
+        """Device bytes per query of a batch: kept f32 scores and group maxima."""
+        group = min(GROUP, tile_size(block_size))
+        tile = tile_size(block_size)
+        return 4 * num_docs + 4 * ((num_docs + group - 1) // group) + 4 * ((num_docs + tile - 1) // tile)
+
+    def begin(self, rows: int) -> None:
+        self.maxima[:rows].zero_()  # tiles with no postings leave their groups at 0
+        self.tile_maxima[:rows].zero_()
+
+    def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor) -> None:
+        """Score a plan's tiles: their group maxima, and the f32 scores of their groups that matched."""
+        n_ent, n_pairs = plan.n_ent, plan.n_pairs
+        if n_ent == 0:
+            return
+        dev = torch.from_numpy(plan.table).to(self.device)
+        # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
+        ent, pairs = dev[:3 * n_ent], dev[plan.pairs_at:]
+        bounds = torch.empty(n_ent * self.tpb, dtype=torch.int32, device=self.device)
+        steps = plan.max_count.bit_length() + 1
+        _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)
+        n_units = n_pairs * self.tpb
+        # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
+        _tile_kernel[(min(n_units, self.programs),)](
+            ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
+            self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
+            (1 << self.tf_bits) - 1, self.block_size,
+            TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, num_warps=NUM_WARPS,
+            enable_fp_fusion=False)
+
+    def topk(self, rows: int, k: int) -> list[TopK]:
+        """Top-k of the rows scored since ``begin``, best first (FORMAT.md's ranking rule)."""
+        if self.n_tiles > k:  # k tiles have a doc scoring at least this: a lower bound of the k-th score
+            thr = torch.topk(self.tile_maxima[:rows], k, dim=1, sorted=False).values.min(dim=1).values.clamp_min(TINY)
+        else:
+            thr = torch.full((rows,), TINY, dtype=torch.float32, device=self.device)
+        grid = (triton.cdiv(self.n_groups, COLLECT_GROUPS), rows)
+        capacity = max(1 << 16, 4 * k * rows)
+        while True:
+            counter = torch.zeros(1, dtype=torch.int32, device=self.device)
+            idx = torch.empty(capacity, dtype=torch.int64, device=self.device)
+            score = torch.empty(capacity, dtype=torch.float32, device=self.device)
+            _collect_kernel[grid](self.scores, self.maxima[:rows], thr, self.num_docs, self.n_groups, idx, score,
+                                  counter, capacity, NGB=COLLECT_GROUPS, GROUP_=self.group)
+            total = int(counter.item())
+            if total <= capacity:
+                break
+            capacity = total
+        if total <= HOST_RANK_MAX:  # few candidates: one small transfer, ranked by numpy
+            return _rank_host(rows, k, self.num_docs, idx[:total].cpu().numpy(), score[:total].cpu().numpy())
+        idx, order = torch.sort(idx[:total])  # collected in no order: (row, doc) ascending first
+        r = idx // self.num_docs
+        return ranked(rows, k, r, idx - r * self.num_docs, score[:total][order])
+
+
+def _rank_host(rows: int, k: int, num_docs: int, idx: np.ndarray, score: np.ndarray) -> list[TopK]:
+    """``ranked`` on the host: by (row, score desc, doc asc), each row cut at k."""
+    row = idx // num_docs
+    order = np.lexsort((idx, -score, row))
+    row, idx, score = row[order], idx[order], score[order]
+    bounds = np.searchsorted(row, np.arange(rows + 1))
+    return [TopK(idx[a:min(a + k, b)] - i * num_docs, score[a:min(a + k, b)].copy())
+            for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
