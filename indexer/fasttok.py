@@ -333,7 +333,7 @@ class TokenTable:
         self.pending = np.zeros(1 << 14, dtype=np.int64)  # slot of each new token of this call
 
     def _grow(self) -> None:
-        if 4 * (self.state[0] + 1) > self.slots.shape[0]:  # keep the load at most 1/2 after the next insertions
+        if 2 * (self.state[0] + 1) > self.slots.shape[0]:  # load at most 1/2
             slots = np.zeros((2 * self.slots.shape[0], 4), dtype=np.int64)
             _rehash(self.slots, slots, self.pending, self.state[3])
             self.slots = slots
@@ -341,6 +341,17 @@ class TokenTable:
             self.arena = np.resize(self.arena, 2 * self.arena.size)
         if self.state[3] + 1 >= self.pending.size:
             self.pending = np.resize(self.pending, 2 * self.pending.size)
+
+    def _new_tokens(self) -> list[str]:
+        """The tokens inserted by the last scan, in pending order. They lie back to back at the end of the arena:
+        decoded in one go, with a newline (never inside a token) put between them."""
+        where = self.slots[self.pending[:self.state[3]], _WHERE]
+        if not where.size:
+            return []
+        start = where[0] >> 16
+        sizes = where & 0xFFFF
+        text = np.insert(self.arena[start:start + sizes.sum()], np.cumsum(sizes[:-1]), ord("\n"))
+        return text.tobytes().decode("utf-8").split("\n")
 
     def ids(self, buf: bytes, char_lens: np.ndarray, new_token: Callable[[str], int],
             overflow_token: Callable[[str], int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -363,10 +374,7 @@ class TokenTable:
             if d == n_docs:
                 break
             self._grow()
-        where = self.slots[self.pending[:self.state[3]], _WHERE]
-        arena = self.arena
-        new_values = np.array([new_token(arena[w >> 16:(w >> 16) + (w & 0xFFFF)].tobytes().decode("utf-8"))
-                               for w in where.tolist()], dtype=np.int32)
+        new_values = np.array([new_token(t) for t in self._new_tokens()], dtype=np.int32)
         overflow_values = np.array([overflow_token(buf[s:e].decode("utf-8").lower())
                                     for s, e in overflow[:self.state[2]].tolist()], dtype=np.int32)
         return _resolve(occ[:self.state[1]], self.slots, self.pending, new_values, overflow_values), occ_end, rejected

@@ -205,7 +205,7 @@ class PorterStemmer:
     """Lucene-exact Porter stems at C speed: PyStemmer where the two algorithms provably agree."""
 
     def __init__(self) -> None:
-        self._snowball = Stemmer.Stemmer("porter")
+        self._snowball = Stemmer.Stemmer("porter", 0)  # no cache: callers cache terms (PyStemmer's costs ~1 us a word)
 
     def stem(self, word: str) -> str:
         if len(word) <= 2:

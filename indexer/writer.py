@@ -14,7 +14,8 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -254,11 +255,12 @@ class _Ingest:
 
     def _global_ids(self, wid: int, new_terms: list[str]) -> np.ndarray:
         """Worker-local term id -> provisional global id (first-seen order), extended with the worker's new terms."""
-        wmap = self._worker_maps.setdefault(wid, _Growable(np.int64))
+        wmap = self._worker_maps.get(wid)
+        if wmap is None:
+            wmap = self._worker_maps[wid] = _Growable(np.int64)
         if new_terms:
             vocab = self.vocab
-            wmap.extend(np.fromiter((vocab.setdefault(t, len(vocab)) for t in new_terms), dtype=np.int64,
-                                    count=len(new_terms)))
+            wmap.extend(np.array([vocab.setdefault(t, len(vocab)) for t in new_terms], dtype=np.int64))
         V = len(self.vocab)
         self.term_stats.ensure(V)
         self.term_stats.a[self.term_stats.n:V] = (0, -1)
@@ -450,18 +452,33 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, rea
         for batch in _iter_batches(documents, CHUNK_DOCS):
             yield [str(d.id) for d in batch], [d.title or "" for d in batch], [d.text or "" for d in batch]
 
+    def add(res: tuple) -> None:
+        ing.add_chunk(res)
+        bar.docs(res[4].size)
+
     if workers > 1:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(analyzer.config_dict(),)) as pool:
-            for res in pool.imap(_analyse_chunk, prepared(), chunksize=1):
-                ing.add_chunk(res)
-                bar.docs(res[4].size)
+        # ProcessPoolExecutor, not multiprocessing.Pool: Pool's worker-handler thread spins while a large result
+        # waits in the pipe (it polls the result pipe), which cost the main process seconds of CPU.
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(analyzer.config_dict(),)) as pool:
+            # Up to `window` chunks in flight, results taken in order: this thread reads ahead while the pool's
+            # threads move chunks and results, and memory stays bounded.
+            window = 2 * workers + 2
+            pending: deque[Future] = deque()
+            try:
+                for batch in prepared():
+                    pending.append(pool.submit(_analyse_chunk, batch))
+                    if len(pending) >= window:
+                        add(pending.popleft().result())
+                while pending:
+                    add(pending.popleft().result())
+            finally:
+                pool.shutdown(cancel_futures=True)
     else:
         _init_worker(analyzer.config_dict())
         for batch in prepared():
-            res = _analyse_chunk(batch)
-            ing.add_chunk(res)
-            bar.docs(res[4].size)
+            add(_analyse_chunk(batch))
     bar.close()
     ing.finish_streams()
     if ing.num_docs == 0:

@@ -113,8 +113,9 @@ def test_small_run_budget_gives_identical_files(tmp_path):
     assert {k: v["sha256"] for k, v in a["files"].items()} == {k: v["sha256"] for k, v in b["files"].items()}
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
-def test_interrupted_build_leaves_nothing(tmp_path, exc):
+def test_interrupted_build_leaves_nothing(tmp_path, exc, workers):
     def docs():
         for i, d in enumerate(_corpus(5000)):
             if i == 3000:
@@ -122,7 +123,7 @@ def test_interrupted_build_leaves_nothing(tmp_path, exc):
             yield d
 
     with pytest.raises(exc):
-        build_index_from_documents(docs(), tmp_path / "idx", _opts())
+        build_index_from_documents(docs(), tmp_path / "idx", _opts(workers=workers))
     assert list(tmp_path.iterdir()) == []
 
 
