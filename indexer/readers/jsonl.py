@@ -40,7 +40,7 @@ def read_jsonl(ctx: ReadContext, compression: str | None, passage_words: int) ->
 
 def _jsonl(ctx: ReadContext, lines: Iterable[tuple[int, str]], passage_words: int) -> Iterator[Document]:
     for line, text in lines:
-        if not text.strip():
+        if not text or text.isspace():  # not text.strip(), which copies every line
             continue
         try:
             record = json.loads(text)

@@ -37,7 +37,10 @@ def is_article_schema(names: set[str] | frozenset[str]) -> bool:
 
 
 def first_present(names: Any, candidates: tuple[str, ...]) -> str | None:
-    return next((c for c in candidates if c in names), None)
+    for c in candidates:  # a loop, not next(genexpr): this runs twice per record
+        if c in names:
+            return c
+    return None
 
 
 def to_fields(record: Any, article: bool | None = None) -> Fields:
@@ -60,7 +63,7 @@ def to_fields(record: Any, article: bool | None = None) -> Fields:
     elif not isinstance(title, str):
         raise MalformedRecord(f"document {doc_id}: title is a {type(title).__name__}, not a string")
     if article is None:
-        article = is_article_schema(set(record))
+        article = "url" in record and is_article_schema(set(record))  # "url": skip building a set per record
     if article:
         text = drop_title_line(title, text)
     elif text_key == "contents" and TITLE_FIELD not in record:
