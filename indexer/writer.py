@@ -503,19 +503,23 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
         doc_count = int((lengths > 0).sum())
         avgdl = avgdl_f32(ing.sum_total_tf, doc_count)
         cache = norm_cache(opts.k1, opts.b, avgdl)
-        remap = _write_vocab(ing, sums)
-        V = remap.size
-
         num_blocks = (n + block_size - 1) // block_size
         bp = ing.block_postings + [0] * (num_blocks - len(ing.block_postings))
         be = ing.block_entries + [0] * (num_blocks - len(ing.block_entries))
+        shards = _plan_shards(bp, be, len(ing.vocab), n, block_size, opts.bank_bytes)
+        # The next shard's runs are read by the pool (file reads release the GIL) while this thread works.
+        loads = [[pool.submit(run.load) for run in ing.runs if b0 <= run.block < b1] for b0, b1 in shards[:1]]
+        remap = _write_vocab(ing, sums)
+        V = remap.size
+
         log2_bs = block_size.bit_length() - 1
         shard_meta = []
-        shards = _plan_shards(bp, be, V, n, block_size, opts.bank_bytes)
         for si, (b0, b1) in enumerate(tqdm(shards, desc="writing shards", disable=not opts.progress)):
             d = tmp / L.shard_dirname(si)
             d.mkdir()
-            parts = [run.load() for run in ing.runs if b0 <= run.block < b1]
+            parts = [f.result() for f in loads.pop()]
+            if si + 1 < len(shards):
+                loads.append([pool.submit(run.load) for run in ing.runs if shards[si + 1][0] <= run.block < shards[si + 1][1]])
             P, E = _write_shard(d, parts, remap, sum(be[b0:b1]), log2_bs, tf_bits, norms, cache, pool, sums)
             del parts
             doc_start, doc_end = b0 * block_size, min(b1 * block_size, n)
@@ -570,16 +574,17 @@ class _Checksums:
         self._sums[path] = self._pool.submit(_sha256, path)
 
     def write(self, path: Path, a: np.ndarray) -> None:
-        """Write ``a`` as a raw little-endian array file and hash it."""
-        a.astype(a.dtype.newbyteorder("<"), copy=False).tofile(path)
-        self.add(path)
+        """Write ``a`` as a raw little-endian array file and hash it, both in the background (``a`` must not
+        change afterwards)."""
+        self._sums[path] = self._pool.submit(_write_and_hash, path, a)
 
     def files(self) -> dict[str, dict]:
         """The manifest's ``files``: every file under the root, in path order."""
+        sums = {path: f.result() for path, f in self._sums.items()}  # every background write is done
         files = {}
         for p in sorted(self.root.rglob("*")):
             if p.is_file():
-                sha = self._sums[p].result() if p in self._sums else _sha256(p)
+                sha = sums[p] if p in sums else _sha256(p)
                 files[str(p.relative_to(self.root))] = {"bytes": p.stat().st_size, "sha256": sha}
         return files
 
@@ -592,11 +597,16 @@ def _write_vocab(ing: _Ingest, sums: _Checksums) -> np.ndarray:
     V = len(terms)
     remap = np.empty(V, dtype=np.int64)
     remap[np.asarray(order, dtype=np.int64)] = np.arange(V, dtype=np.int64)
-    encoded = [terms[i].encode("utf-8") for i in order]
+    # Encoded in one go with a newline after each term (no term holds one: UAX#29 breaks words at newlines),
+    # which then gives the offsets and is dropped.
+    lines = np.frombuffer("\n".join([terms[i] for i in order] + [""]).encode("utf-8"), dtype=np.uint8)
+    newline = lines == ord("\n")
+    ends = np.flatnonzero(newline)
+    if ends.size != V:
+        raise BuildError("a term holds a newline")
     voff = np.zeros(V + 1, dtype=np.uint64)
-    np.cumsum([len(e) for e in encoded], out=voff[1:])
-    (sums.root / L.VOCAB_BYTES).write_bytes(b"".join(encoded))
-    sums.add(sums.root / L.VOCAB_BYTES)
+    voff[1:] = ends - np.arange(V)
+    sums.write(sums.root / L.VOCAB_BYTES, lines[~newline])
     sums.write(sums.root / L.VOCAB_OFFSETS, voff)
     df = np.zeros(V, dtype=np.uint32)
     df[remap] = ing.term_stats.view[:, 0]
@@ -737,6 +747,11 @@ def _block_entries(starts, packed, docs, n_entries, log2_bs, tf_bits, norms, cac
     term_ptr[V] = e
     blk_start[e] = starts[V]
     return term_ptr, blk_id, blk_start, maxq, maxtf, minnorm
+
+
+def _write_and_hash(path: Path, a: np.ndarray) -> str:
+    a.astype(a.dtype.newbyteorder("<"), copy=False).tofile(path)
+    return _sha256(path)
 
 
 def _sha256(path: Path) -> str:

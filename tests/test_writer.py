@@ -233,6 +233,7 @@ def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
     remap = rng.permutation(V).astype(np.int64)
     norms = rng.integers(0, 256, 1000).astype(np.uint8)
     cache = rng.random(256).astype(np.float32)
+    wants = []
     with _Checksums(tmp_path) as sums, ThreadPoolExecutor(2) as pool:
         # Three runs (the two scatter halves cut inside the second), one run, none.
         for i, runs in enumerate((parts, parts[1:2], [])):
@@ -244,8 +245,10 @@ def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
             entries = want[L.BLK_START].size - 1
             got = _write_shard(d, runs, remap, entries, log2_bs, tf_bits, norms, cache, pool, sums)
             assert got == (want[L.POSTINGS].size, entries)
-            for name, a in want.items():
-                assert (d / name).read_bytes() == a.astype(a.dtype.newbyteorder("<")).tobytes(), name
-        files = sums.files()
+            wants.append((d, want))
+        files = sums.files()  # waits for the background writes
+    for d, want in wants:
+        for name, a in want.items():
+            assert (d / name).read_bytes() == a.astype(a.dtype.newbyteorder("<")).tobytes(), name
     assert files["shard0/" + L.POSTINGS]["sha256"] == hashlib.sha256((tmp_path / "shard0" / L.POSTINGS).read_bytes()).hexdigest()
     assert len(files) == 3 * len(L.SHARD_FILES)
