@@ -220,7 +220,7 @@ def _token_end(buf, i, end, classes):
     """End of the token that starts at buf[i] (a letter, digit or '_') and its length in code points. This is
     the analyzer's _TOKEN_LATIN1: a run of letters, digits and '_', continued across a MidLetter/MidNumLet
     between two letters or a MidNum/MidNumLet between two digits."""
-    cp, n, c = _char_at(buf, i, classes)
+    _, n, c = _char_at(buf, i, classes)
     prev = c
     nchars = 0
     while True:  # the character at i (n bytes) belongs to the token
@@ -228,7 +228,7 @@ def _token_end(buf, i, end, classes):
         i += n
         if i >= end:
             return i, nchars
-        cp, n, c = _char_at(buf, i, classes)
+        _, n, c = _char_at(buf, i, classes)
         if LETTER <= c <= UNDERSCORE:
             prev = c
             continue
@@ -255,7 +255,7 @@ def _scan(buf, bounds, first_doc, max_len, classes, lower, state, slots, arena, 
         if rejected[d]:
             i = end
         while i < end:
-            cp, n, c = _char_at(buf, i, classes)
+            _, n, c = _char_at(buf, i, classes)
             if c < LETTER or c > UNDERSCORE:
                 i += n
                 continue
@@ -287,7 +287,7 @@ def _scan(buf, bounds, first_doc, max_len, classes, lower, state, slots, arena, 
 
 
 @njit(cache=True, nogil=True)
-def _rehash(old, new, pending, n_pending):
+def _rehash(old, new, pending):
     """Move every token of slot table ``old`` into the empty, larger ``new``; pending slots follow."""
     mask = new.shape[0] - 1
     for s in range(old.shape[0]):
@@ -335,10 +335,10 @@ class TokenTable:
     def _grow(self) -> None:
         if 2 * (self.state[0] + 1) > self.slots.shape[0]:  # load at most 1/2
             slots = np.zeros((2 * self.slots.shape[0], 4), dtype=np.int64)
-            _rehash(self.slots, slots, self.pending, self.state[3])
+            _rehash(self.slots, slots, self.pending)
             self.slots = slots
         if self.state[4] + 4 * self.max_len > self.arena.size:
-            self.arena = np.resize(self.arena, 2 * self.arena.size)
+            self.arena = np.resize(self.arena, min(2 * self.arena.size, self.max_arena + 4 * self.max_len))
         if self.state[3] + 1 >= self.pending.size:
             self.pending = np.resize(self.pending, 2 * self.pending.size)
 

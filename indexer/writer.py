@@ -1,9 +1,10 @@
 """Layout writer: documents -> the sharded, block-partitioned BM25 index of ``indexer/FORMAT.md``.
 
-Pipeline: documents are analysed in worker processes (both cores by default); the main process assigns
-provisional term ids, streams stored text to disk and buffers postings, flushing sorted runs to disk
-whenever the buffer budget fills or a doc block ends (so a run never spans blocks). After the input is
-read, term ids are re-assigned in sorted-term order and each shard's runs are merged into its arrays.
+Pipeline: the main process reads documents and sends chunks of them to worker processes (both cores by
+default), which tokenize (``indexer/fasttok.py``), count postings and encode the stored records. The main process
+maps the workers' term ids to provisional global ones, streams stored text to disk and buffers postings, flushing
+runs to disk whenever the buffer budget fills or a doc block ends (so a run never spans blocks). After the input
+is read, term ids are re-assigned in sorted-term order and each shard's runs are counting-sorted into its arrays.
 Everything is written under a temporary directory that is renamed into place only when complete.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ class BuildOptions:
     k1: float = 0.9
     b: float = 0.4
     workers: int = 0  # 0: one per core
-    run_postings: int = 32_000_000  # postings buffered in memory before a run is flushed (~400 MB)
+    run_postings: int = 32_000_000  # postings buffered in memory before a run is flushed (~300 MB)
     overwrite: bool = False
     progress: bool = True
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
@@ -276,20 +277,15 @@ class _Ingest:
         self.lengths.extend(lengths)
         # Split the chunk at doc block boundaries so runs and block statistics stay per block.
         bs = self.opts.block_size
-        start_doc = self.num_docs
-        doc_pos = None
-        d = start_doc
-        while d < start_doc + n:
-            block = d // bs
-            block_end_doc = min((block + 1) * bs, start_doc + n)
-            if d == start_doc and block_end_doc == start_doc + n:
-                p0, p1 = 0, local.size
-            else:
-                doc_pos = np.concatenate(([0], np.cumsum(uniq))) if doc_pos is None else doc_pos
-                p0, p1 = doc_pos[d - start_doc], doc_pos[block_end_doc - start_doc]
-            self._add_block_part(block, local[p0:p1], tfs[p0:p1], uniq[d - start_doc:block_end_doc - start_doc], d,
-                                 wmap)
-            d = block_end_doc
+        first = self.num_docs
+        doc_pos = np.concatenate(([0], np.cumsum(uniq)))
+        d = 0
+        while d < n:
+            block = (first + d) // bs
+            end = min((block + 1) * bs - first, n)
+            p0, p1 = doc_pos[d], doc_pos[end]
+            self._add_block_part(block, local[p0:p1], tfs[p0:p1], uniq[d:end], first + d, wmap)
+            d = end
         self.num_docs += n
 
     def _add_block_part(self, block: int, local: np.ndarray, tfs: np.ndarray, uniq: np.ndarray, first_doc: int,
