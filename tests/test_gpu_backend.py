@@ -259,7 +259,7 @@ def test_tile_plan_orders_entries_canonically(hotpot):
                          int(pbase[i] + planner.blk_start[g]), int(planner.blk_start[g + 1] - planner.blk_start[g]),
                          int(items.w[i:i + 1].view(np.int32)[0])))
     want.sort()
-    plan = plan_tiles(planner, items, pbase)
+    plan = plan_tiles(planner, items, pbase, -(-reader.num_docs // reader.block_size))
     t, n = plan.table, plan.n_ent
     assert n == len(want) > 0 and plan.pairs_at % 2 == 0
     assert t[:n].tolist() == [w[3] for w in want] and t[n:2 * n].tolist() == [w[4] for w in want]

@@ -77,6 +77,7 @@ class GpuBackend(Backend):
         self._cuda = self.device.type == "cuda"
         self.num_docs = index.num_docs
         self.block_shift = index.block_size.bit_length() - 1
+        self._n_blocks = -(-self.num_docs // index.block_size)
         self.tf_bits = index.tf_bits
         if memory_bytes is None:
             memory_bytes = self._default_budget()
@@ -199,12 +200,15 @@ class GpuBackend(Backend):
             cache_np, cache = self._cache(k1, b)
             # tf >= 1 and norm <= max_norm bound q below; /4 keeps a margin for the f32 rounding of s.
             min_q = float(cache_np[self._max_norm]) / 4
-            for c in range(0, len(todo), self.plan.rows):
-                idx = todo[c:c + self.plan.rows]
+            chunks = [todo[c:c + self.plan.rows] for c in range(0, len(todo), self.plan.rows)]
+            nxt = self._plan_chunk([queries[i] for i in chunks[0]]) if chunks and self._tiles is not None else None
+            for n, idx in enumerate(chunks):
                 qs = [queries[i] for i in idx]
                 t0 = time.perf_counter()
                 if self._tiles is not None:
-                    self._score_tiles(qs, cache)
+                    self._launch_chunk(nxt, cache)
+                    # The next batch is planned on the host while the device scores this one.
+                    nxt = self._plan_chunk([queries[i] for i in chunks[n + 1]]) if n + 1 < len(chunks) else None
                 else:
                     acc = self.accumulate(qs, cache, min_q)
                 if times is not None:
@@ -257,11 +261,26 @@ class GpuBackend(Backend):
                        lambda part, pbase, e0: self._launch_all(part, pbase, e0, exact, cache, acc))
         return acc
 
-    def _score_tiles(self, queries: list[QueryTerms], cache: torch.Tensor) -> None:
+    def _plan_chunk(self, queries: list[QueryTerms]) -> tuple[int, T.TilePlan, Items]:
+        """Host work of a batch on the tiled path: the resident shards' plan, and the streamed shards' items
+        (planned when staged)."""
+        items = self._planner.items(queries)
+        streamed = np.isin(items.shard, self.plan.streamed)
+        resident = items.take(~streamed)
+        return len(queries), T.plan_tiles(self._planner, resident, self._pbase[resident.shard],
+                                          self._n_blocks), items.take(streamed)
+
+    def _launch_chunk(self, chunk: tuple[int, T.TilePlan, Items], cache: torch.Tensor) -> None:
+        rows, plan, streamed = chunk
         tiles = self._tiles
-        tiles.begin(len(queries))
-        self._by_shard(self._planner.items(queries), lambda part, pbase, e0: tiles.score(
-            T.plan_tiles(self._planner, part, pbase), self._post, self._norms, cache))
+        tiles.begin(rows)
+        tiles.score(plan, self._post, self._norms, cache)
+        for s in self.plan.streamed:
+            part = streamed.take(streamed.shard == s)
+            if len(part):
+                pbase, _ = self._stage(s, part)
+                tiles.score(T.plan_tiles(self._planner, part, pbase, self._n_blocks), self._post,
+                            self._norms, cache)
 
     def _exact(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
         """Per query: may its f64 sums be formed in any order (``bm25.sum_is_exact``; never with

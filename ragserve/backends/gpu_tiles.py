@@ -24,7 +24,7 @@ from numba import njit
 
 from ragserve.backends.gpu_items import ItemPlanner, Items
 from ragserve.backends.gpu_topk import TINY, ranked
-from ragserve.searcher import SearchError, TopK
+from ragserve.searcher import TopK
 
 try:
     import triton
@@ -37,6 +37,7 @@ GROUP = 32  # docs per group maximum
 CHUNK = 128  # postings per vector step: a term has ~0-1,000 postings in a tile, and idle lanes cost issue slots
 COLLECT_GROUPS = 64  # groups per collect program
 HOST_RANK_MAX = 1 << 15  # candidates ranked on the host below this (a device sort costs more launches)
+ENTRY_BLOCK = 16  # terms whose tile ranges are read at once
 PROGRAMS_PER_SM = 16
 NUM_WARPS = 4
 
@@ -44,11 +45,6 @@ NUM_WARPS = 4
 def tile_size(block_size: int) -> int:
     """Tiles never straddle a doc block: the largest power of two <= TILE_MAX dividing the block size."""
     return min(block_size, TILE_MAX)
-
-
-# Entries are sorted on one int64 key: row (15 bits), global doc block (28), term position in the query (20).
-_BLK_BITS, _SLOT_BITS = 28, 20
-MAX_ROWS, MAX_BLOCKS, MAX_TERMS = 1 << 15, 1 << _BLK_BITS, 1 << _SLOT_BITS
 
 
 @dataclass
@@ -63,66 +59,56 @@ class TilePlan:
 
 
 @njit(cache=True, nogil=True)
-def _plan(e0, ne, shard, slot, row, wbits, pbase, offsets, blk_start, blk_id):
+def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, n_blocks):
+    """Counting sort of the items' block entries by (row, block). Within a bucket they keep the items' order,
+    which is ascending term id: a block lies in one shard, and a shard's items of a row come in term order."""
+    counts = np.zeros(n_rows * n_blocks + 1, np.int64)
     total = 0
-    for i in range(e0.size):
-        total += ne[i]
-    key = np.empty(total, np.int64)
-    start = np.empty(total, np.int64)
-    count = np.empty(total, np.int64)
-    wb = np.empty(total, np.int64)
-    n = 0
     for i in range(e0.size):
         g0 = offsets[shard[i]] + e0[i]
         for g in range(g0, g0 + ne[i]):
-            f = np.int64(blk_start[g])
-            start[n] = pbase[i] + f
-            count[n] = np.int64(blk_start[g + 1]) - f
-            wb[n] = wbits[i]
-            key[n] = (row[i] << (_BLK_BITS + _SLOT_BITS)) | (np.int64(blk_id[g]) << _SLOT_BITS) | slot[i]
-            n += 1
-    order = np.argsort(key)  # keys are distinct: a term has one entry per block
+            counts[row[i] * n_blocks + np.int64(blk_id[g]) + 1] += 1
+        total += ne[i]
     n_pairs = 0
-    prev = -1
-    for j in range(total):
-        kp = key[order[j]] >> _SLOT_BITS
-        if kp != prev:
+    for b in range(1, counts.size):
+        if counts[b]:
             n_pairs += 1
-            prev = kp
-    pad = (3 * total) & 1
-    at = 3 * total + pad
+        counts[b] += counts[b - 1]
+    at = 3 * total + ((3 * total) & 1)
     table = np.zeros(at + 4 * n_pairs, np.int64)
-    p = -1
-    prev = -1
     max_count = 0
-    for j in range(total):
-        o = order[j]
-        table[j] = start[o]
-        table[total + j] = count[o]
-        table[2 * total + j] = wb[o]
-        max_count = max(max_count, count[o])
-        kp = key[o] >> _SLOT_BITS
-        if kp != prev:
+    fill = counts[:-1].copy()
+    for i in range(e0.size):
+        g0 = offsets[shard[i]] + e0[i]
+        for g in range(g0, g0 + ne[i]):
+            j = fill[row[i] * n_blocks + np.int64(blk_id[g])]
+            fill[row[i] * n_blocks + np.int64(blk_id[g])] = j + 1
+            f = np.int64(blk_start[g])
+            c = np.int64(blk_start[g + 1]) - f
+            table[j] = pbase[i] + f
+            table[total + j] = c
+            table[2 * total + j] = wbits[i]
+            max_count = max(max_count, c)
+    p = 0
+    for b in range(counts.size - 1):
+        if counts[b + 1] > counts[b]:
+            table[at + p] = b // n_blocks
+            table[at + n_pairs + p] = b % n_blocks
+            table[at + 2 * n_pairs + p] = counts[b]
+            table[at + 3 * n_pairs + p] = counts[b + 1]
             p += 1
-            prev = kp
-            table[at + p] = kp >> _BLK_BITS
-            table[at + n_pairs + p] = kp & ((1 << _BLK_BITS) - 1)
-            table[at + 2 * n_pairs + p] = j
-        table[at + 3 * n_pairs + p] = j + 1
     return table, total, n_pairs, at, max_count
 
 
-def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray) -> TilePlan:
-    """Expand work items (query, term, shard) into their block entries and order them for the tile kernel.
-
-    ``pbase`` is each item's arena offset of its shard's posting 0 (resident or staged).
-    """
-    if len(items) and int(items.slot.max()) >= MAX_TERMS:
-        raise SearchError(f"a query has more than {MAX_TERMS - 1:,} distinct terms")
+def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: int) -> TilePlan:
+    """Expand work items (query, term, shard; in ``ItemPlanner.items`` order) into their block entries and
+    order them for the tile kernel. ``pbase`` is each item's arena offset of its shard's posting 0 (resident or
+    staged); ``n_blocks`` the index's number of doc blocks."""
+    n_rows = int(items.row.max()) + 1 if len(items) else 0
     wbits = items.w.astype(np.float32).view(np.int32).astype(np.int64)
-    table, n_ent, n_pairs, at, max_count = _plan(items.e0, items.ne, items.shard, items.slot, items.row, wbits,
+    table, n_ent, n_pairs, at, max_count = _plan(items.e0, items.ne, items.shard, items.row, wbits,
                                                  pbase.astype(np.int64), planner.offsets, planner.blk_start,
-                                                 planner.blk_id)
+                                                 planner.blk_id, n_rows, n_blocks)
     return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
 
 
@@ -150,7 +136,8 @@ if triton is not None:
     @triton.jit(do_not_specialize=["n_ent", "n_pairs", "n_units", "num_docs", "n_groups", "n_tiles"])
     def _tile_kernel(ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, scratch, maxima, tile_maxima,
                      scores, num_docs, n_groups, n_tiles, tf_bits, tf_mask, block_size,
-                     TILE: tl.constexpr, TPB: tl.constexpr, GROUP_: tl.constexpr, CHUNK_: tl.constexpr):
+                     TILE: tl.constexpr, TPB: tl.constexpr, GROUP_: tl.constexpr, CHUNK_: tl.constexpr,
+                     EB: tl.constexpr):
         # Unit u is (pair u // TPB, tile u % TPB); a tile's terms are added one after the other in ascending
         # term id, the canonical summation order, with plain loads and stores to the program's own scratch.
         NG: tl.constexpr = TILE // GROUP_
@@ -160,6 +147,7 @@ if triton is not None:
         gr = tl.arange(0, NG)
         cell = gr[:, None] * GROUP_ + tl.arange(0, GROUP_)[None, :]
         lanes = tl.arange(0, CHUNK_)
+        eb_lanes = tl.arange(0, EB)
         for u in range(pid, n_units, nprog):  # persistent: the scratch belongs to this program alone
             pair = u // TPB
             tile = u % TPB
@@ -171,25 +159,37 @@ if triton is not None:
             toff = tile * TILE
             work = 0
             if d0 < num_docs:
-                for e in range(i0, i1):
-                    cnt = tl.load(ent + n_ent + e)
-                    lo = tl.load(bounds + e * TPB + tile)
-                    hi = tl.load(bounds + e * TPB + tile + 1, mask=tile + 1 < TPB, other=cnt.to(tl.int32))
-                    st = tl.load(ent + e)
-                    w = tl.load(ent + 2 * n_ent + e).to(tl.int32).to(tl.float32, bitcast=True)
-                    work += hi - lo
-                    for c in range(lo, hi, CHUNK_):
-                        j = c + lanes
-                        m = j < hi
-                        p = tl.load(post + st + j, mask=m, other=0).to(tl.uint32, bitcast=True)
-                        off = (p >> tf_bits).to(tl.int32) - toff
-                        nrm = tl.load(norms + d0 + off, mask=m, other=0).to(tl.int32)
-                        q = (p & tf_mask).to(tl.float32) * tl.load(cache + nrm, mask=m, other=0.0)
-                        wv = tl.zeros([CHUNK_], dtype=tl.float32) + w
-                        s = wv - tl.math.div_rn(wv, 1.0 + q)
-                        old = tl.load(sbase + off, mask=m, other=0.0)
-                        tl.store(sbase + off, old + s.to(tl.float64), mask=m)
-                    tl.debug_barrier()  # the next term may add to the same cells from other threads
+                for eb in range(i0, i1, EB):
+                    # EB terms' ranges in this tile with one round trip; most are empty (rare terms) and cost nothing.
+                    ev = eb + eb_lanes
+                    em = ev < i1
+                    last = (eb_lanes * 0 + tile + 1) >= TPB  # the last tile ends where the entry ends
+                    lo_v = tl.load(bounds + ev * TPB + tile, mask=em, other=0)
+                    hi_v = tl.load(bounds + ev * TPB + tile + 1, mask=em & ~last, other=0)
+                    hi_v = tl.where(last, tl.load(ent + n_ent + ev, mask=em, other=0).to(tl.int32), hi_v)
+                    hi_v = tl.where(em, hi_v, lo_v)
+                    st_v = tl.load(ent + ev, mask=em, other=0)
+                    w_v = tl.load(ent + 2 * n_ent + ev, mask=em, other=0).to(tl.int32).to(tl.float32, bitcast=True)
+                    for e in range(0, EB):  # ascending term id
+                        sel = eb_lanes == e
+                        lo = tl.sum(tl.where(sel, lo_v, 0), axis=0)
+                        hi = tl.sum(tl.where(sel, hi_v, 0), axis=0)
+                        if hi > lo:
+                            st = tl.sum(tl.where(sel, st_v, 0), axis=0)
+                            w = tl.sum(tl.where(sel, w_v, 0.0), axis=0)
+                            work += hi - lo
+                            for c in range(lo, hi, CHUNK_):
+                                j = c + lanes
+                                m = j < hi
+                                p = tl.load(post + st + j, mask=m, other=0).to(tl.uint32, bitcast=True)
+                                off = (p >> tf_bits).to(tl.int32) - toff
+                                nrm = tl.load(norms + d0 + off, mask=m, other=0).to(tl.int32)
+                                q = (p & tf_mask).to(tl.float32) * tl.load(cache + nrm, mask=m, other=0.0)
+                                wv = tl.zeros([CHUNK_], dtype=tl.float32) + w
+                                s = wv - tl.math.div_rn(wv, 1.0 + q)
+                                old = tl.load(sbase + off, mask=m, other=0.0)
+                                tl.store(sbase + off, old + s.to(tl.float64), mask=m)
+                            tl.debug_barrier()  # the next term may add to the same cells from other threads
             if work > 0:
                 sc = tl.load(sbase + cell).to(tl.float32)
                 gm = tl.max(sc, axis=1)
@@ -247,9 +247,6 @@ class TileScorer:
         self.device = device
         self.programs = _programs(device)
         self.scratch = torch.zeros(self.programs * self.tile, dtype=torch.float64, device=device)
-        if max_rows > MAX_ROWS or (num_docs + block_size - 1) // block_size > MAX_BLOCKS:
-            raise SearchError(f"the tiled kernel takes at most {MAX_ROWS:,} queries a batch and {MAX_BLOCKS:,} doc "
-                              "blocks: lower max_batch or use kernel='torch'")
         self.n_tiles = (num_docs + self.tile - 1) // self.tile
         self.maxima = torch.zeros((max_rows, self.n_groups), dtype=torch.float32, device=device)
         self.tile_maxima = torch.zeros((max_rows, self.n_tiles), dtype=torch.float32, device=device)
@@ -288,7 +285,7 @@ class TileScorer:
             ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
             self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
             (1 << self.tf_bits) - 1, self.block_size,
-            TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, num_warps=NUM_WARPS,
+            TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, EB=ENTRY_BLOCK, num_warps=NUM_WARPS,
             enable_fp_fusion=False)
 
     def topk(self, rows: int, k: int) -> list[TopK]:
