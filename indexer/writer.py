@@ -14,6 +14,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -177,6 +178,13 @@ _worker: _ChunkAnalyser | None = None
 def _init_worker(cfg: dict) -> None:
     global _worker
     _worker = _ChunkAnalyser(cfg)
+
+
+def _init_pool_worker(cfg: dict) -> None:
+    # Ctrl-C reaches the whole process group. Only the main process acts on it (it stops the pool and removes
+    # the partial index): a worker interrupted inside the pool's queues can leave the pool waiting forever.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_worker(cfg)
 
 
 def _analyse_chunk(batch: tuple[list[str], list[str], list[str]]) -> tuple:
@@ -456,7 +464,7 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, rea
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         # ProcessPoolExecutor, not multiprocessing.Pool: Pool's worker-handler thread spins while a large result
         # waits in the pipe (it polls the result pipe), which cost the main process seconds of CPU.
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_pool_worker,
                                  initargs=(analyzer.config_dict(),)) as pool:
             # Up to `window` chunks in flight, results taken in order: this thread reads ahead while the pool's
             # threads move chunks and results, and memory stays bounded.

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +129,30 @@ def test_interrupted_build_leaves_nothing(tmp_path, exc, workers):
 
     with pytest.raises(exc):
         build_index_from_documents(docs(), tmp_path / "idx", _opts(workers=workers))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_stops_a_pool_build_and_leaves_nothing(tmp_path):
+    """SIGINT to the whole process group (Ctrl-C) while workers run: the build stops at once, leaving nothing."""
+    script = ("import itertools, sys\n"
+              "from indexer.writer import BuildOptions, build_index_from_documents\n"
+              "from tests.test_writer import _corpus\n"
+              "docs = itertools.chain.from_iterable(itertools.repeat(_corpus(2000), 10_000))\n"
+              "build_index_from_documents(docs, sys.argv[1], BuildOptions(progress=False, workers=2))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "idx")], cwd=Path(__file__).parents[1],
+                            start_new_session=True, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 60
+    while not any(tmp_path.iterdir()) and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(2)  # the workers are busy by now
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0 and b"KeyboardInterrupt" in err
     assert list(tmp_path.iterdir()) == []
 
 
