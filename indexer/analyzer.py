@@ -38,7 +38,8 @@ _TOKEN = regex.compile(
     flags=regex.WORD | regex.V1)
 # Fast path, 2x quicker: for lower-cased text made only of Latin-1 and common punctuation, UAX#29 reduces
 # to this pattern (letters, digits and '_' joined; MidLetter/MidNumLet between letters; MidNum/MidNumLet
-# between digits). It gives the same tokens as _TOKEN on such text (tests/test_analyzer_unit.py).
+# between digits). It gives the same tokens as _TOKEN on such text (tests/test_analyzer_unit.py). Index builds run
+# the same pattern in numba (indexer/fasttok.py, character classes derived from the definitions below).
 LATIN1_LETTERS = "a-z\u00aa\u00b5\u00ba\u00df-\u00f6\u00f8-\u00ff"  # as a character class
 MID_LETTER = ":.'\u00b7\u2018\u2019"  # joins two letters (MidLetter, MidNumLet)
 MID_NUM = ",;.'\u2018\u2019"  # joins two digits (MidNum, MidNumLet)
