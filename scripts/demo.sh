@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: set up, make a synthetic Wikipedia-like corpus, index it, serve it.
-# Then open http://127.0.0.1:8080/ (or: curl -s localhost:8080/v1/search -d '{"query": "...", "k": 5}').
+# Then open http://127.0.0.1:8080/ (or: curl -s localhost:8080/v1/search -H 'Content-Type: application/json' \
+#   -d '{"query": "...", "k": 5}').
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
