@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System packages the test suite needs, installed once per machine (idempotent: each step is skipped when present).
+# What the test suite needs beyond the venv, installed once per machine (idempotent: each step is skipped when present).
 set -euo pipefail
 
 # Headless Chromium for the web page's browser test (tests/test_server_web.py, driven by playwright).
@@ -7,4 +7,10 @@ if [ ! -x /usr/bin/chromium ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq chromium
+fi
+
+# Triton for the interpreted GPU-kernel test (tests/test_gpu_tiles_interpreted.py): torch's CPU wheel comes without
+# it; a CUDA build of torch brings its own, which is then left alone.
+if ! .venv/bin/python -c "import triton" 2>/dev/null; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check triton==3.9.0
 fi

@@ -1,0 +1,52 @@
+"""Run by tests/test_gpu_tiles_interpreted.py in a fresh process with TRITON_INTERPRET=1 (Triton reads it when the
+kernels are defined): the tiled gpu path's Triton kernels, interpreted on the CPU, against the cpu backend.
+
+    TRITON_INTERPRET=1 python -m tests.tiles_interpreted HOTPOT_INDEX HOTPOT_JSONL ARGUANA_INDEX ARGUANA_QUERIES
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from indexer.reader import IndexReader
+from ragserve.backends import gpu_tiles
+from ragserve.backends.gpu import GpuBackend
+from ragserve.searcher import Searcher
+from ragserve.topics import read_queries
+
+
+def mismatches(gpu: GpuBackend, cpu, queries, k: int) -> int:
+    got, want = gpu.search_terms(queries, k, 0.9, 0.4), cpu.search_terms(queries, k, 0.9, 0.4)
+    assert sum(len(r.docids) for r in got) > 0
+    return sum(not (np.array_equal(a.docids, b.docids) and np.array_equal(a.scores.view(np.int32), b.scores.view(np.int32)))
+               for a, b in zip(got, want))
+
+
+def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queries: str) -> int:
+    bad = {}
+    reader = IndexReader(hotpot_index)
+    s = Searcher(reader, backend="cpu", threads=1)
+    with open(hotpot_jsonl) as f:
+        qs = [s.analyze(json.loads(line)["question_text"]) for line in f][:12]
+    g = GpuBackend(reader, device="cpu", kernel="triton", max_batch=4)  # three batches: the overlapped planning
+    for k in (1, 1000):
+        bad[f"hotpot k={k}"] = mismatches(g, s.backend, qs, k)
+    budget = GpuBackend(reader, device="cpu", kernel="triton", max_batch=1).plan.total_bytes - 1
+    streaming = GpuBackend(reader, device="cpu", kernel="triton", memory_bytes=budget, max_batch=4)
+    assert streaming.describe()["streamed_shards"] >= 1
+    bad["hotpot streamed k=10"] = mismatches(streaming, s.backend, qs, 10)
+    reader = IndexReader(arguana_index)
+    s = Searcher(reader, backend="cpu", threads=1)
+    qs = [s.analyze(q.text) for q in read_queries(arguana_queries)[:2]]  # whole arguments: > 16 terms a tile
+    g = GpuBackend(reader, device="cpu", kernel="triton", max_batch=2)
+    bad["arguana k=10"] = mismatches(g, s.backend, qs, 10)
+    gpu_tiles.HOST_RANK_MAX = 0  # the device ranking path
+    bad["arguana k=1000, device ranking"] = mismatches(g, s.backend, qs, 1000)
+    print(json.dumps(bad))
+    return 1 if any(bad.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(*sys.argv[1:]))
