@@ -42,32 +42,23 @@ class _Word:
             return True if i == 0 else not self.cons(i - 1)
         return True
 
+    def _skip(self, i: int, consonants: bool) -> int:
+        """First position from i (up to j + 1) that is not a consonant (consonants=True) or not a vowel."""
+        while i <= self.j and self.cons(i) == consonants:
+            i += 1
+        return i
+
     def m(self) -> int:
         """Number of vowel-consonant sequences in b[0..j]."""
-        n, i, j = 0, 0, self.j
+        n, i = 0, self._skip(0, True)
         while True:
-            if i > j:
+            i = self._skip(i, False)
+            if i > self.j:
                 return n
-            if not self.cons(i):
-                break
-            i += 1
-        i += 1
-        while True:
-            while True:
-                if i > j:
-                    return n
-                if self.cons(i):
-                    break
-                i += 1
-            i += 1
             n += 1
-            while True:
-                if i > j:
-                    return n
-                if not self.cons(i):
-                    break
-                i += 1
-            i += 1
+            i = self._skip(i, True)
+            if i > self.j:
+                return n
 
     def vowel_in_stem(self) -> bool:
         return any(not self.cons(i) for i in range(self.j + 1))

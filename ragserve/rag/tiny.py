@@ -36,7 +36,6 @@ def build_tiny_lm(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 2
     """Save a random Llama causal LM with its tokenizer in ``out_dir``. A wide initialisation with untied
     embeddings makes greedy output varied (a mix of confident and uncertain tokens) instead of one token
     repeated."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = train_tokenizer(texts, vocab_size)
@@ -44,27 +43,27 @@ def build_tiny_lm(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 2
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
                       max_position_embeddings=4096, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id, tie_word_embeddings=False, initializer_range=init_range)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
-    out = Path(out_dir)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _save_random(LlamaForCausalLM, cfg, tok, out_dir, seed)
 
 
 def build_tiny_cross_encoder(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 2000, hidden: int = 32,
                              layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
     """Save a random one-label BERT sequence classifier with its tokenizer in ``out_dir``."""
-    import torch
     from transformers import BertConfig, BertForSequenceClassification
 
     tok = train_tokenizer(texts, vocab_size, pair_template=True)
     cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      intermediate_size=2 * hidden, max_position_embeddings=512, num_labels=1,
                      pad_token_id=tok.pad_token_id)
+    return _save_random(BertForSequenceClassification, cfg, tok, out_dir, seed)
+
+
+def _save_random(model_cls, cfg, tok, out_dir: str | Path, seed: int) -> Path:
+    """A randomly initialised ``model_cls(cfg)`` and its tokenizer, saved for ``from_pretrained``."""
+    import torch
+
     torch.manual_seed(seed)
-    model = BertForSequenceClassification(cfg)
     out = Path(out_dir)
-    model.save_pretrained(out)
+    model_cls(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
