@@ -169,7 +169,7 @@ class GpuBackend(Backend):
 
     def describe(self) -> dict:
         p = self.plan
-        path = ({"tile_docs": self._tiles.tile, "programs": self._tiles.programs} if self._tiles is not None
+        path = ({"tile_docs": self._tiles.tile, "tile_scorer": self._tiles.scorer} if self._tiles is not None
                 else {"term_order": self.term_order, "topk": self.topk})
         return {"backend": self.name, "device": str(self.device), "kernel": self.kernel, **path,
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
@@ -206,7 +206,7 @@ class GpuBackend(Backend):
                 qs = [queries[i] for i in idx]
                 t0 = time.perf_counter()
                 if self._tiles is not None:
-                    self._launch_chunk(nxt, cache)
+                    self._launch_chunk(nxt, cache, k)
                     # The next batch is planned on the host while the device scores this one.
                     nxt = self._plan_chunk([queries[i] for i in chunks[n + 1]]) if n + 1 < len(chunks) else None
                 else:
@@ -270,17 +270,17 @@ class GpuBackend(Backend):
         return len(queries), T.plan_tiles(self._planner, resident, self._pbase[resident.shard],
                                           self._n_blocks), items.take(streamed)
 
-    def _launch_chunk(self, chunk: tuple[int, T.TilePlan, Items], cache: torch.Tensor) -> None:
+    def _launch_chunk(self, chunk: tuple[int, T.TilePlan, Items], cache: torch.Tensor, k: int) -> None:
         rows, plan, streamed = chunk
         tiles = self._tiles
         tiles.begin(rows)
-        tiles.score(plan, self._post, self._norms, cache)
+        tiles.score(plan, self._post, self._norms, cache, k)
         for s in self.plan.streamed:
             part = streamed.take(streamed.shard == s)
             if len(part):
                 pbase, _ = self._stage(s, part)
                 tiles.score(T.plan_tiles(self._planner, part, pbase, self._n_blocks), self._post,
-                            self._norms, cache)
+                            self._norms, cache, k)
 
     def _exact(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
         """Per query: may its f64 sums be formed in any order (``bm25.sum_is_exact``; never with

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from ragserve.backends import gpu_tiles_cuda as TC
 from ragserve.backends.gpu_items import ItemPlanner, Items
 from ragserve.backends.gpu_topk import TINY, ranked
 from ragserve.searcher import TopK
@@ -35,11 +36,13 @@ except ImportError:  # the CPU wheel of torch ships without Triton
 TILE_MAX = 2048  # docs per tile: 16 KiB of f64 scratch per program
 GROUP = 32  # docs per group maximum
 CHUNK = 128  # postings per vector step: a term has ~0-1,000 postings in a tile, and idle lanes cost issue slots
-COLLECT_GROUPS = 64  # groups per collect program
+COLLECT_GROUPS = 1024  # groups per collect program (most have no group reaching the threshold)
+COLLECT_SUB = 64  # groups read at once where some do
 HOST_RANK_MAX = 1 << 15  # candidates ranked on the host below this (a device sort costs more launches)
 ENTRY_BLOCK = 16  # terms whose tile ranges are read at once
 PROGRAMS_PER_SM = 16
 NUM_WARPS = 4
+SCORER = "cuda"
 
 
 def tile_size(block_size: int) -> int:
@@ -133,9 +136,9 @@ if triton is not None:
             hi = tl.where(open_ & (v >= target), mid, hi)
         tl.store(bounds + e * TPB + j, lo.to(tl.int32))
 
-    @triton.jit(do_not_specialize=["n_ent", "n_pairs", "n_units", "num_docs", "n_groups", "n_tiles"])
+    @triton.jit(do_not_specialize=["n_ent", "n_pairs", "n_units", "num_docs", "n_groups", "n_tiles", "k_tile"])
     def _tile_kernel(ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, scratch, maxima, tile_maxima,
-                     scores, num_docs, n_groups, n_tiles, tf_bits, tf_mask, block_size,
+                     scores, num_docs, n_groups, n_tiles, tf_bits, tf_mask, block_size, k_tile,
                      TILE: tl.constexpr, TPB: tl.constexpr, GROUP_: tl.constexpr, CHUNK_: tl.constexpr,
                      EB: tl.constexpr):
         # Unit u is (pair u // TPB, tile u % TPB); a tile's terms are added one after the other in ascending
@@ -193,35 +196,45 @@ if triton is not None:
             if work > 0:
                 sc = tl.load(sbase + cell).to(tl.float32)
                 gm = tl.max(sc, axis=1)
+                # Only the tile's k best docs can be in the top-k: groups below the k-th largest group maximum
+                # (k other docs of the tile score more) are not written, and their maxima read 0.
+                above = tl.sum((gm[None, :] >= gm[:, None]).to(tl.int32), axis=1)
+                keep_from = tl.where(k_tile > 0, tl.max(tl.where(above >= k_tile, gm, 0.0), axis=0), 0.0)
+                keep = (gm > 0.0) & (gm >= keep_from)
                 g = d0 // GROUP_ + gr
-                tl.store(maxima + row * n_groups + g, gm, mask=g < n_groups)
+                tl.store(maxima + row * n_groups + g, tl.where(keep, gm, 0.0), mask=g < n_groups)
                 tl.store(tile_maxima + row * n_tiles + d0 // TILE, tl.max(gm, axis=0))
                 doc = d0 + cell
-                tl.store(scores + row * num_docs + doc, sc, mask=(gm > 0.0)[:, None] & (doc < num_docs))
+                tl.store(scores + row * num_docs + doc, sc, mask=keep[:, None] & (doc < num_docs))
                 tl.store(sbase + cell, tl.zeros([NG, GROUP_], dtype=tl.float64))
                 tl.debug_barrier()  # the scratch is clean before the next tile adds to it
 
     @triton.jit(do_not_specialize=["num_docs", "n_groups", "cap"])
     def _collect_kernel(scores, maxima, thr, num_docs, n_groups, out_idx, out_score, counter, cap,
-                        NGB: tl.constexpr, GROUP_: tl.constexpr):
+                        NGB: tl.constexpr, SUB: tl.constexpr, GROUP_: tl.constexpr):
         # Append (row * num_docs + doc, score) of the docs scoring >= the row's threshold, reading only the
-        # groups whose maximum reaches it.
+        # groups whose maximum reaches it; few do, so NGB groups are checked at once and SUB at a time read.
         row = tl.program_id(1).to(tl.int64)
-        g = tl.program_id(0).to(tl.int64) * NGB + tl.arange(0, NGB)
+        g0 = tl.program_id(0).to(tl.int64) * NGB
         t = tl.load(thr + row)
+        g = g0 + tl.arange(0, NGB)
         gm = tl.load(maxima + row * n_groups + g, mask=g < n_groups, other=0.0)
-        sel = gm >= t
-        if tl.max(sel.to(tl.int32), axis=0) > 0:
-            doc = g[:, None] * GROUP_ + tl.arange(0, GROUP_)[None, :]
-            m = sel[:, None] & (doc < num_docs)
-            s = tl.load(scores + row * num_docs + doc, mask=m, other=0.0)
-            ok = tl.reshape(m & (s >= t), [NGB * GROUP_])
-            ok_i = ok.to(tl.int32)
-            first = tl.atomic_add(counter, tl.sum(ok_i, axis=0))
-            pos = first + tl.cumsum(ok_i, axis=0) - 1
-            keep = ok & (pos < cap)
-            tl.store(out_idx + pos, tl.reshape(row * num_docs + doc, [NGB * GROUP_]), mask=keep)
-            tl.store(out_score + pos, tl.reshape(s, [NGB * GROUP_]), mask=keep)
+        if tl.max((gm >= t).to(tl.int32), axis=0) > 0:
+            for s0 in range(0, NGB, SUB):
+                gs = g0 + s0 + tl.arange(0, SUB)
+                sm = tl.load(maxima + row * n_groups + gs, mask=gs < n_groups, other=0.0)
+                sel = sm >= t
+                if tl.max(sel.to(tl.int32), axis=0) > 0:
+                    doc = gs[:, None] * GROUP_ + tl.arange(0, GROUP_)[None, :]
+                    m = sel[:, None] & (doc < num_docs)
+                    s = tl.load(scores + row * num_docs + doc, mask=m, other=0.0)
+                    ok = tl.reshape(m & (s >= t), [SUB * GROUP_])
+                    ok_i = ok.to(tl.int32)
+                    first = tl.atomic_add(counter, tl.sum(ok_i, axis=0))
+                    pos = first + tl.cumsum(ok_i, axis=0) - 1
+                    keep = ok & (pos < cap)
+                    tl.store(out_idx + pos, tl.reshape(row * num_docs + doc, [SUB * GROUP_]), mask=keep)
+                    tl.store(out_score + pos, tl.reshape(s, [SUB * GROUP_]), mask=keep)
 
 
 def _programs(device: torch.device) -> int:
@@ -251,6 +264,9 @@ class TileScorer:
         self.maxima = torch.zeros((max_rows, self.n_groups), dtype=torch.float32, device=device)
         self.tile_maxima = torch.zeros((max_rows, self.n_tiles), dtype=torch.float32, device=device)
         self.scores = torch.empty((max_rows, num_docs), dtype=torch.float32, device=device)
+        self._cuda_kernel = (TC.build(self.tile, self.tpb, device)
+                             if SCORER == "cuda" and device.type == "cuda" and self.group == 32 else None)
+        self.scorer = "cuda" if self._cuda_kernel is not None else "triton"
 
     @staticmethod
     def work_bytes(device: torch.device, block_size: int) -> int:
@@ -268,8 +284,10 @@ class TileScorer:
         self.maxima[:rows].zero_()  # tiles with no postings leave their groups at 0
         self.tile_maxima[:rows].zero_()
 
-    def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor) -> None:
-        """Score a plan's tiles: their group maxima, and the f32 scores of their groups that matched."""
+    def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
+        """Score a plan's tiles for a top-``k``: their maxima, and the f32 scores of the groups that matched and
+        hold one of the tile's k best docs."""
+        k_tile = k if k < self.tile // self.group else 0  # 0: every matched group
         n_ent, n_pairs = plan.n_ent, plan.n_pairs
         if n_ent == 0:
             return
@@ -280,11 +298,16 @@ class TileScorer:
         steps = plan.max_count.bit_length() + 1
         _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)
         n_units = n_pairs * self.tpb
+        if self._cuda_kernel is not None:
+            self._cuda_kernel(n_units, TC.THREADS, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds,
+                              self.maxima, self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles,
+                              self.tf_bits, self.block_size, k_tile)
+            return
         # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
         _tile_kernel[(min(n_units, self.programs),)](
             ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
             self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
-            (1 << self.tf_bits) - 1, self.block_size,
+            (1 << self.tf_bits) - 1, self.block_size, k_tile,
             TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, EB=ENTRY_BLOCK, num_warps=NUM_WARPS,
             enable_fp_fusion=False)
 
@@ -301,7 +324,7 @@ class TileScorer:
             idx = torch.empty(capacity, dtype=torch.int64, device=self.device)
             score = torch.empty(capacity, dtype=torch.float32, device=self.device)
             _collect_kernel[grid](self.scores, self.maxima[:rows], thr, self.num_docs, self.n_groups, idx, score,
-                                  counter, capacity, NGB=COLLECT_GROUPS, GROUP_=self.group)
+                                  counter, capacity, NGB=COLLECT_GROUPS, SUB=COLLECT_SUB, GROUP_=self.group)
             total = int(counter.item())
             if total <= capacity:
                 break
