@@ -13,6 +13,7 @@ from indexer.reader import IndexReader
 from indexer.writer import BuildOptions, build_index_from_documents
 from ragserve.backends.cpu import CpuBackend
 from ragserve.backends.gpu import GpuBackend
+from ragserve.backends import gpu_tiles
 from ragserve.backends.gpu_tiles import triton_available
 from ragserve.backends.gpu_plan import MemoryPlanError, plan_memory
 from ragserve.searcher import SearchError, Searcher, resolve_backend_name
@@ -226,6 +227,21 @@ def test_cuda_parity(arguana, hotpot, kernel, term_order):
             assert_parity(g, cpu, queries if term_order == "auto" else queries[::10], k)
         g.close()
     assert torch.cuda.current_device() == before  # no global device switch
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("scorer", ["cuda", "triton"])
+def test_cuda_tile_scorers(hotpot, scorer, monkeypatch):
+    """Both tile scoring kernels (CUDA C through NVRTC, and Triton's) return the cpu backend's top-k."""
+    if not triton_available():
+        pytest.skip("triton is not installed")
+    monkeypatch.setattr(gpu_tiles, "SCORER", scorer)
+    reader, cpu, queries = hotpot
+    g = GpuBackend(reader, kernel="triton", max_batch=16)
+    assert g.describe()["tile_scorer"] == scorer
+    for k in (1, 10, 1000):
+        assert_parity(g, cpu, queries, k)
 
 
 @pytest.mark.gpu

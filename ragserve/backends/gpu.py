@@ -1,10 +1,12 @@
-"""The GPU backend: exact BM25 top-k on a CUDA device (torch + Triton), batched.
+"""The GPU backend: exact BM25 top-k on a CUDA device (torch, Triton and a CUDA C kernel), batched.
 
 The layout's arrays go to the device as they are (``postings.u32``, ``blk_id.u32``, ``blk_start.u32`` of each
 shard, concatenated into one arena, and ``norms.u8``). The host turns a batch of queries into work items
 (query, term, shard). Two scoring paths, both equal to the CPU backend bit for bit:
-- ``triton`` (CUDA, the default there): ``gpu_tiles`` scores doc tiles in on-chip scratch in the canonical
-  term order and keeps only group maxima and the scores that can reach the top-k;
+- ``triton`` (CUDA, the default there): ``gpu_tiles`` scores doc tiles on chip in the canonical term order
+  (``gpu_tiles_cuda``: a shared-memory CUDA C kernel compiled by NVRTC; Triton's tile kernel where NVRTC is
+  missing, and under Triton's interpreter in CI) and keeps only group maxima and the scores that can reach the
+  top-k;
 - ``torch`` (any device, the reference): a dense f64 accumulator of shape [queries, num_docs]; a query whose
   f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go one
   launch each in ascending term id, so every cell sums in the canonical order.
