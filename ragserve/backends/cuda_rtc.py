@@ -96,11 +96,3 @@ class CudaKernel:
                                                             ctypes.c_void_p(stream), params, None),
                       "cuLaunchKernel")
 
-
-def available() -> tuple[bool, str]:
-    """Whether NVRTC and the driver can be loaded (not whether a device is present)."""
-    try:
-        _nvrtc(), _driver()
-    except RtcError as e:
-        return False, str(e)
-    return True, ""

@@ -265,7 +265,6 @@ class TileScorer:
         self.n_groups = (num_docs + self.group - 1) // self.group
         self.device = device
         self.programs = _programs(device)
-        self.scratch = torch.zeros(self.programs * self.tile, dtype=torch.float64, device=device)
         self.n_tiles = (num_docs + self.tile - 1) // self.tile
         self.maxima = torch.zeros((max_rows, self.n_groups), dtype=torch.float32, device=device)
         self.tile_maxima = torch.zeros((max_rows, self.n_tiles), dtype=torch.float32, device=device)
@@ -277,10 +276,14 @@ class TileScorer:
             except RtcError as e:
                 warnings.warn(f"the CUDA C tile scorer is unavailable, using the Triton one (2.2x slower): {e}")
         self.scorer = "cuda" if self._cuda_kernel is not None else "triton"
+        # The Triton kernel's per-program scratch; the CUDA one keeps its tile in shared memory.
+        self.scratch = (torch.zeros(self.programs * self.tile, dtype=torch.float64, device=device)
+                        if self._cuda_kernel is None else None)
 
     @staticmethod
     def work_bytes(device: torch.device, block_size: int) -> int:
-        """Device bytes of the per-program scratch."""
+        """Device bytes of the Triton kernel's per-program scratch (planned before the scorer is known; the CUDA
+        one needs none)."""
         return _programs(device) * tile_size(block_size) * 8
 
     @staticmethod
