@@ -16,6 +16,7 @@ from ragserve.backends.gpu import GpuBackend
 from ragserve.backends import gpu_tiles
 from ragserve.backends.gpu_tiles import triton_available
 from ragserve.backends.gpu_plan import MemoryPlanError, plan_memory
+from ragserve import bm25
 from ragserve.searcher import SearchError, Searcher, resolve_backend_name
 from tests.conftest import shared
 
@@ -231,15 +232,21 @@ def test_cuda_parity(arguana, hotpot, kernel, term_order):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("term_order", ["auto", "ascending"])
 @pytest.mark.parametrize("scorer", ["cuda", "triton"])
-def test_cuda_tile_scorers(hotpot, scorer, monkeypatch):
-    """Both tile scoring kernels (CUDA C through NVRTC, and Triton's) return the cpu backend's top-k."""
+def test_cuda_tile_scorers(hotpot, scorer, term_order, monkeypatch):
+    """Both tile scoring kernels (CUDA C through NVRTC, and Triton's) return the cpu backend's top-k; the CUDA one
+    by both of its paths (terms at once where the sums are exact in any order, else one term after another)."""
     if not triton_available():
         pytest.skip("triton is not installed")
     monkeypatch.setattr(gpu_tiles, "SCORER", scorer)
     reader, cpu, queries = hotpot
-    g = GpuBackend(reader, kernel="triton", max_batch=16)
+    g = GpuBackend(reader, kernel="triton", max_batch=16, term_order=term_order)
     assert g.describe()["tile_scorer"] == scorer
+    cache = bm25.norm_cache(0.9, 0.4, reader.avgdl)
+    min_q = float(cache[int(np.asarray(reader.norms).max())]) / 4
+    flat = [bm25.sum_is_exact(q.weights, min_q) for q in queries]
+    assert np.mean(flat) > 0.9  # the flat path is what most of these queries take under "auto"
     for k in (1, 10, 1000):
         assert_parity(g, cpu, queries, k)
 
@@ -275,12 +282,14 @@ def test_tile_plan_orders_entries_canonically(hotpot):
                          int(pbase[i] + planner.blk_start[g]), int(planner.blk_start[g + 1] - planner.blk_start[g]),
                          int(items.w[i:i + 1].view(np.int32)[0])))
     want.sort()
-    plan = plan_tiles(planner, items, pbase, -(-reader.num_docs // reader.block_size))
+    flat = np.arange(60) % 3 == 1
+    plan = plan_tiles(planner, items, pbase, -(-reader.num_docs // reader.block_size), flat)
     t, n = plan.table, plan.n_ent
     assert n == len(want) > 0 and plan.pairs_at % 2 == 0
     assert t[:n].tolist() == [w[3] for w in want] and t[n:2 * n].tolist() == [w[4] for w in want]
     assert t[2 * n:3 * n].tolist() == [w[5] for w in want] and plan.max_count == max(w[4] for w in want)
-    pairs = t[plan.pairs_at:].reshape(4, plan.n_pairs)
+    pairs = t[plan.pairs_at:].reshape(5, plan.n_pairs)
     starts = [j for j in range(n) if j == 0 or want[j][:2] != want[j - 1][:2]]
     assert pairs[2].tolist() == starts and pairs[3].tolist() == starts[1:] + [n]
     assert [tuple(x) for x in pairs[:2].T.tolist()] == [want[j][:2] for j in starts]
+    assert pairs[4].tolist() == [int(flat[want[j][0]]) for j in starts]

@@ -37,6 +37,9 @@ def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queri
     streaming = GpuBackend(reader, device="cpu", kernel="triton", memory_bytes=budget, max_batch=4)
     assert streaming.describe()["streamed_shards"] >= 1
     bad["hotpot streamed k=10"] = mismatches(streaming, s.backend, qs, 10)
+    gpu_tiles.PEEK, gpu_tiles.MIN_CAPACITY = 8, 16  # a second transfer, and the collect rerun with more room
+    bad["hotpot k=100, small capacity"] = mismatches(g, s.backend, qs, 100)
+    gpu_tiles.PEEK, gpu_tiles.MIN_CAPACITY = 4096, 1 << 16
     reader = IndexReader(arguana_index)
     s = Searcher(reader, backend="cpu", threads=1)
     qs = [s.analyze(q.text) for q in read_queries(arguana_queries)[:2]]  # whole arguments: > 16 terms a tile

@@ -6,7 +6,8 @@ shard, concatenated into one arena, and ``norms.u8``). The host turns a batch of
 - ``triton`` (CUDA, the default there): ``gpu_tiles`` scores doc tiles on chip in the canonical term order
   (``gpu_tiles_cuda``: a shared-memory CUDA C kernel compiled by NVRTC; Triton's tile kernel where NVRTC is
   missing, and under Triton's interpreter in CI) and keeps only group maxima and the scores that can reach the
-  top-k;
+  top-k; the CUDA C kernel adds the terms of a query whose f64 sum is exact in any order (``bm25.sum_is_exact``)
+  all at once with shared-memory atomics;
 - ``torch`` (any device, the reference): a dense f64 accumulator of shape [queries, num_docs]; a query whose
   f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go one
   launch each in ascending term id, so every cell sums in the canonical order.
@@ -172,8 +173,9 @@ class GpuBackend(Backend):
     def describe(self) -> dict:
         p = self.plan
         path = ({"tile_docs": self._tiles.tile, "tile_scorer": self._tiles.scorer} if self._tiles is not None
-                else {"term_order": self.term_order, "topk": self.topk})
-        return {"backend": self.name, "device": str(self.device), "kernel": self.kernel, **path,
+                else {"topk": self.topk})
+        return {"backend": self.name, "device": str(self.device), "kernel": self.kernel,
+                "term_order": self.term_order, **path,
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
                 "resident_shards": len(p.resident), "streamed_shards": len(p.streamed),
                 "resident_shard_bytes": p.resident_bytes, "staging_bytes": p.staging_bytes,
@@ -203,14 +205,16 @@ class GpuBackend(Backend):
             # tf >= 1 and norm <= max_norm bound q below; /4 keeps a margin for the f32 rounding of s.
             min_q = float(cache_np[self._max_norm]) / 4
             chunks = [todo[c:c + self.plan.rows] for c in range(0, len(todo), self.plan.rows)]
-            nxt = self._plan_chunk([queries[i] for i in chunks[0]]) if chunks and self._tiles is not None else None
+            nxt = (self._plan_chunk([queries[i] for i in chunks[0]], min_q) if chunks and self._tiles is not None
+                   else None)
             for n, idx in enumerate(chunks):
                 qs = [queries[i] for i in idx]
                 t0 = time.perf_counter()
                 if self._tiles is not None:
                     self._launch_chunk(nxt, cache, k)
                     # The next batch is planned on the host while the device scores this one.
-                    nxt = self._plan_chunk([queries[i] for i in chunks[n + 1]]) if n + 1 < len(chunks) else None
+                    nxt = (self._plan_chunk([queries[i] for i in chunks[n + 1]], min_q) if n + 1 < len(chunks)
+                           else None)
                 else:
                     acc = self.accumulate(qs, cache, min_q)
                 if times is not None:
@@ -263,17 +267,18 @@ class GpuBackend(Backend):
                        lambda part, pbase, e0: self._launch_all(part, pbase, e0, exact, cache, acc))
         return acc
 
-    def _plan_chunk(self, queries: list[QueryTerms]) -> tuple[int, T.TilePlan, Items]:
+    def _plan_chunk(self, queries: list[QueryTerms], min_q: float) -> tuple[int, T.TilePlan, Items, np.ndarray]:
         """Host work of a batch on the tiled path: the resident shards' plan, and the streamed shards' items
-        (planned when staged)."""
+        (planned when staged); which queries' terms the CUDA kernel may add at once (``_exact``)."""
         items = self._planner.items(queries)
+        flat = self._exact(queries, min_q)
         streamed = np.isin(items.shard, self.plan.streamed)
         resident = items.take(~streamed)
         return len(queries), T.plan_tiles(self._planner, resident, self._pbase[resident.shard],
-                                          self._n_blocks), items.take(streamed)
+                                          self._n_blocks, flat), items.take(streamed), flat
 
-    def _launch_chunk(self, chunk: tuple[int, T.TilePlan, Items], cache: torch.Tensor, k: int) -> None:
-        rows, plan, streamed = chunk
+    def _launch_chunk(self, chunk: tuple[int, T.TilePlan, Items, np.ndarray], cache: torch.Tensor, k: int) -> None:
+        rows, plan, streamed, flat = chunk
         tiles = self._tiles
         tiles.begin(rows)
         tiles.score(plan, self._post, self._norms, cache, k)
@@ -281,7 +286,7 @@ class GpuBackend(Backend):
             part = streamed.take(streamed.shard == s)
             if len(part):
                 pbase, _ = self._stage(s, part)
-                tiles.score(T.plan_tiles(self._planner, part, pbase, self._n_blocks), self._post,
+                tiles.score(T.plan_tiles(self._planner, part, pbase, self._n_blocks, flat), self._post,
                             self._norms, cache, k)
 
     def _exact(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:

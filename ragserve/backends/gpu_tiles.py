@@ -45,6 +45,8 @@ CHUNK = 128  # postings per vector step: a term has ~0-1,000 postings in a tile,
 COLLECT_GROUPS = 1024  # groups per collect program (most have no group reaching the threshold)
 COLLECT_SUB = 64  # groups read at once where some do
 HOST_RANK_MAX = 1 << 15  # candidates ranked on the host below this (a device sort costs more launches)
+PEEK = 4096  # candidates read back with their count in one transfer; more take a second one
+MIN_CAPACITY = 1 << 16  # candidates the collect kernel may append (grown and rerun when more reach the threshold)
 ENTRY_BLOCK = 16  # terms whose tile ranges are read at once
 PROGRAMS_PER_SM = 16
 NUM_WARPS = 4
@@ -60,7 +62,7 @@ def tile_size(block_size: int) -> int:
 class TilePlan:
     """One launch's work, on the host: entries sorted by (row, block, term id), grouped into (row, block) pairs."""
 
-    table: np.ndarray  # int64: start, count, weight bits (n_ent each), [pad], row, blk, i0, i1 (n_pairs each)
+    table: np.ndarray  # int64: start, count, weight bits (n_ent each), [pad], row, blk, i0, i1, flat (n_pairs each)
     n_ent: int
     n_pairs: int
     pairs_at: int  # index of the pair columns in ``table`` (16-byte aligned)
@@ -68,7 +70,7 @@ class TilePlan:
 
 
 @njit(cache=True, nogil=True)
-def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, n_blocks):
+def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, n_blocks, row_flat):
     """Counting sort of the items' block entries by (row, block). Within a bucket they keep the items' order,
     which is ascending term id: a block lies in one shard, and a shard's items of a row come in term order."""
     counts = np.zeros(n_rows * n_blocks + 1, np.int64)
@@ -84,7 +86,7 @@ def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, 
             n_pairs += 1
         counts[b] += counts[b - 1]
     at = 3 * total + ((3 * total) & 1)
-    table = np.zeros(at + 4 * n_pairs, np.int64)
+    table = np.zeros(at + 5 * n_pairs, np.int64)
     max_count = 0
     fill = counts[:-1].copy()
     for i in range(e0.size):
@@ -105,19 +107,25 @@ def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, 
             table[at + n_pairs + p] = b % n_blocks
             table[at + 2 * n_pairs + p] = counts[b]
             table[at + 3 * n_pairs + p] = counts[b + 1]
+            table[at + 4 * n_pairs + p] = row_flat[b // n_blocks]
             p += 1
     return table, total, n_pairs, at, max_count
 
 
-def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: int) -> TilePlan:
+def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: int,
+               flat: np.ndarray | None = None) -> TilePlan:
     """Expand work items (query, term, shard; in ``ItemPlanner.items`` order) into their block entries and
     order them for the tile kernel. ``pbase`` is each item's arena offset of its shard's posting 0 (resident or
-    staged); ``n_blocks`` the index's number of doc blocks."""
+    staged); ``n_blocks`` the index's number of doc blocks; ``flat`` per row: may the CUDA kernel add its terms
+    at once (its f64 sums are exact in any order, ``bm25.sum_is_exact``; default no)."""
     n_rows = int(items.row.max()) + 1 if len(items) else 0
     wbits = items.w.astype(np.float32).view(np.int32).astype(np.int64)
+    row_flat = np.zeros(n_rows, np.int64)
+    if flat is not None:
+        row_flat[:] = flat[:n_rows]
     table, n_ent, n_pairs, at, max_count = _plan(items.e0, items.ne, items.shard, items.row, wbits,
                                                  pbase.astype(np.int64), planner.offsets, planner.blk_start,
-                                                 planner.blk_id, n_rows, n_blocks)
+                                                 planner.blk_id, n_rows, n_blocks, row_flat)
     return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
 
 
@@ -216,13 +224,14 @@ if triton is not None:
                 tl.debug_barrier()  # the scratch is clean before the next tile adds to it
 
     @triton.jit(do_not_specialize=["num_docs", "n_groups", "cap"])
-    def _collect_kernel(scores, maxima, thr, num_docs, n_groups, out_idx, out_score, counter, cap,
+    def _collect_kernel(scores, maxima, thr, tiny, num_docs, n_groups, found, cap,
                         NGB: tl.constexpr, SUB: tl.constexpr, GROUP_: tl.constexpr):
-        # Append (row * num_docs + doc, score) of the docs scoring >= the row's threshold, reading only the
-        # groups whose maximum reaches it; few do, so NGB groups are checked at once and SUB at a time read.
+        # Append (row * num_docs + doc, score bits) pairs of the docs scoring >= the row's threshold (at least the
+        # smallest positive score) to found[2:], counting them in found[0]; only the groups whose maximum reaches
+        # it are read, and few do, so NGB groups are checked at once and SUB at a time read.
         row = tl.program_id(1).to(tl.int64)
         g0 = tl.program_id(0).to(tl.int64) * NGB
-        t = tl.load(thr + row)
+        t = tl.maximum(tl.load(thr + row), tiny)
         g = g0 + tl.arange(0, NGB)
         gm = tl.load(maxima + row * n_groups + g, mask=g < n_groups, other=0.0)
         if tl.max((gm >= t).to(tl.int32), axis=0) > 0:
@@ -235,12 +244,13 @@ if triton is not None:
                     m = sel[:, None] & (doc < num_docs)
                     s = tl.load(scores + row * num_docs + doc, mask=m, other=0.0)
                     ok = tl.reshape(m & (s >= t), [SUB * GROUP_])
-                    ok_i = ok.to(tl.int32)
-                    first = tl.atomic_add(counter, tl.sum(ok_i, axis=0))
+                    ok_i = ok.to(tl.int64)
+                    first = tl.atomic_add(found, tl.sum(ok_i, axis=0))
                     pos = first + tl.cumsum(ok_i, axis=0) - 1
                     keep = ok & (pos < cap)
-                    tl.store(out_idx + pos, tl.reshape(row * num_docs + doc, [SUB * GROUP_]), mask=keep)
-                    tl.store(out_score + pos, tl.reshape(s, [SUB * GROUP_]), mask=keep)
+                    tl.store(found + 2 + 2 * pos, tl.reshape(row * num_docs + doc, [SUB * GROUP_]), mask=keep)
+                    bits = tl.reshape(s, [SUB * GROUP_]).to(tl.int32, bitcast=True).to(tl.int64)
+                    tl.store(found + 3 + 2 * pos, bits, mask=keep)
 
 
 def _programs(device: torch.device) -> int:
@@ -269,6 +279,9 @@ class TileScorer:
         self.maxima = torch.zeros((max_rows, self.n_groups), dtype=torch.float32, device=device)
         self.tile_maxima = torch.zeros((max_rows, self.n_tiles), dtype=torch.float32, device=device)
         self.scores = torch.empty((max_rows, num_docs), dtype=torch.float32, device=device)
+        self._no_thr = torch.zeros(max_rows, dtype=torch.float32, device=device)
+        self._found: torch.Tensor | None = None  # the collect kernel's count and (index, score bits) pairs
+        self._head = torch.empty(2 + 2 * PEEK, dtype=torch.int64, pin_memory=device.type == "cuda")
         self._cuda_kernel = None
         if SCORER == "cuda" and device.type == "cuda" and self.group == 32:
             try:
@@ -312,7 +325,7 @@ class TileScorer:
         _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)
         n_units = n_pairs * self.tpb
         if self._cuda_kernel is not None:
-            self._cuda_kernel(n_units, TC.THREADS, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds,
+            self._cuda_kernel(n_units, TC.threads(self.tile), ent, n_ent, pairs, n_pairs, post, norms, cache, bounds,
                               self.maxima, self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles,
                               self.tf_bits, self.block_size, k_tile)
             return
@@ -327,26 +340,34 @@ class TileScorer:
     def topk(self, rows: int, k: int) -> list[TopK]:
         """Top-k of the rows scored since ``begin``, best first (FORMAT.md's ranking rule)."""
         if self.n_tiles > k:  # k tiles have a doc scoring at least this: a lower bound of the k-th score
-            thr = torch.topk(self.tile_maxima[:rows], k, dim=1, sorted=False).values.min(dim=1).values.clamp_min(TINY)
+            thr = torch.topk(self.tile_maxima[:rows], k, dim=1, sorted=False).values.amin(dim=1)
         else:
-            thr = torch.full((rows,), TINY, dtype=torch.float32, device=self.device)
+            thr = self._no_thr[:rows]  # the collect kernel raises it to the smallest positive score
         grid = (triton.cdiv(self.n_groups, COLLECT_GROUPS), rows)
-        capacity = max(1 << 16, 4 * k * rows)
+        capacity = max(MIN_CAPACITY, 4 * k * rows)
         while True:
-            counter = torch.zeros(1, dtype=torch.int32, device=self.device)
-            idx = torch.empty(capacity, dtype=torch.int64, device=self.device)
-            score = torch.empty(capacity, dtype=torch.float32, device=self.device)
-            _collect_kernel[grid](self.scores, self.maxima[:rows], thr, self.num_docs, self.n_groups, idx, score,
-                                  counter, capacity, NGB=COLLECT_GROUPS, SUB=COLLECT_SUB, GROUP_=self.group)
-            total = int(counter.item())
+            if self._found is None or self._found.numel() < 2 + 2 * capacity:
+                self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
+            found = self._found
+            found[:1].zero_()
+            _collect_kernel[grid](self.scores, self.maxima[:rows], thr, TINY, self.num_docs, self.n_groups, found,
+                                  capacity, NGB=COLLECT_GROUPS, SUB=COLLECT_SUB, GROUP_=self.group)
+            # The count and the first PEEK candidates come back in one transfer (one synchronisation).
+            peek = min(capacity, PEEK, (self._head.numel() - 2) // 2)
+            head = self._head[:2 + 2 * peek]
+            head.copy_(found[:head.numel()])
+            total = int(head[0])
             if total <= capacity:
                 break
             capacity = total
-        if total <= HOST_RANK_MAX:  # few candidates: one small transfer, ranked by numpy
-            return _rank_host(rows, k, self.num_docs, idx[:total].cpu().numpy(), score[:total].cpu().numpy())
-        idx, order = torch.sort(idx[:total])  # collected in no order: (row, doc) ascending first
+        if total <= HOST_RANK_MAX:  # few candidates: ranked by numpy
+            pairs = (head if total <= peek else found[:2 + 2 * total].cpu()).numpy()
+            return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2],
+                              pairs[3:3 + 2 * total:2].astype(np.uint32).view(np.float32))
+        idx, order = torch.sort(found[2:2 + 2 * total:2])  # collected in no order: (row, doc) ascending first
+        score = found[3:3 + 2 * total:2].to(torch.int32).view(torch.float32)
         r = idx // self.num_docs
-        return ranked(rows, k, r, idx - r * self.num_docs, score[:total][order])
+        return ranked(rows, k, r, idx - r * self.num_docs, score[order])
 
 
 def _rank_host(rows: int, k: int, num_docs: int, idx: np.ndarray, score: np.ndarray) -> list[TopK]:
