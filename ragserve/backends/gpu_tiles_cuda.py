@@ -17,8 +17,8 @@ No barrier separates the terms, so a tile costs a few memory round trips instead
 The kernel is latency-bound (each block waits on a chain of memory round trips), so what counts is how many
 blocks a multiprocessor holds: the register budget is set from the shared-memory limit (``min_blocks``), the
 read-out compares each thread's own run of cells in f64, and one warp alone selects the tile's k-th largest group
-maximum while the others wait (measured on an H200, 21M docs: 5.6-6.6 ms a batch of 64 NQ queries before, with
-80 registers and 6 blocks a multiprocessor, against 4.96-5.33 ms with 40 registers and 12).
+maximum while the others wait (one H200 run, 21M docs, a batch of 64 NQ queries: 5.33 ms with 40 registers and
+12 blocks a multiprocessor, 5.79 ms with 56 and 9, 6.14 ms with 64 and 8).
 """
 from __future__ import annotations
 
