@@ -33,8 +33,9 @@ UNROLL = 4  # postings per thread in flight at once on the flat path
 SOURCE = r"""
 #define NG (TILE / 32)
 #define CPT (TILE / THREADS)  // read-out: consecutive cells per thread
-#define VPL ((NG + 31) / 32)  // group maxima per lane when a warp selects the k-th largest
+#define VPL ((NG + 31) / 32)  // group maxima per lane when one warp selects the k-th largest
 static_assert(CPT * THREADS == TILE && CPT <= 32 && THREADS % 32 == 0, "THREADS divides TILE into warps");
+static_assert(NG <= THREADS, "one ballot per warp finds its kept groups");
 static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per lane of one warp");
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs,
@@ -48,7 +49,7 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     __shared__ long long t_first[MAX_TERMS];  // flat path: then minus the term's first flat index
     __shared__ int t_count[MAX_TERMS];
     __shared__ float t_w[MAX_TERMS];
-    __shared__ float warp_max[THREADS / 32], keep_at;
+    __shared__ float keep_at;
     __shared__ int t_end[MAX_TERMS];  // flat path: inclusive prefix sum of the counts
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const long long pair = blockIdx.x / TPB;
@@ -149,44 +150,52 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     float gm = (float)m64;
     for (int o = 1; o < 32 / CPT; o <<= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
     if (tid % (32 / CPT) == 0) g_max[tid / (32 / CPT)] = gm;
-    float tile_max = gm;
-    for (int o = 32 / CPT; o < 32; o <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
-    if (lane == 0) warp_max[warp] = tile_max;
     __syncthreads();
-    for (int i = 0; i < THREADS / 32; ++i) tile_max = fmaxf(tile_max, warp_max[i]);
-    // Only the tile's k best docs can be in the top-k: the groups below the k-th largest group maximum (k
-    // other docs of the tile score more than any of theirs) are not written, and their maxima read 0.
-    float keep_from = 0.0f;
-    if (k_tile > 0) {
-        if (warp == 0) {
-            float v[VPL];
-            for (int i = 0; i < VPL; ++i) v[i] = lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f;
-            for (int out = 0; out < k_tile;) {
-                float m = 0.0f;
-                for (int i = 0; i < VPL; ++i) m = fmaxf(m, v[i]);
-                for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                if (m == 0.0f) break;
-                for (int i = 0; i < VPL; ++i) {
-                    out += __popc(__ballot_sync(0xffffffffu, v[i] == m));
-                    if (v[i] == m) v[i] = 0.0f;
-                }
-                if (out >= k_tile) keep_from = m;
-            }
-            if (lane == 0) keep_at = keep_from;
+    // One warp: the tile maximum, and the k-th largest group maximum (each of a lane's VPL maxima counts the maxima
+    // at or above it, all lanes' values passing by shuffles; the largest with k or more is the k-th largest, 0 when
+    // fewer than k groups matched). Groups below it are not written and their maxima read 0: k other docs of the
+    // tile score more than any of theirs.
+    if (warp == 0) {
+        float v[VPL], t_max = 0.0f, keep = 0.0f;
+        for (int i = 0; i < VPL; ++i) {
+            v[i] = lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f;
+            t_max = fmaxf(t_max, v[i]);
         }
-        __syncthreads();
-        keep_from = keep_at;
+        if (k_tile > 0) {
+            int above[VPL];
+            for (int i = 0; i < VPL; ++i) above[i] = 0;
+            for (int src = 0; src < 32; ++src) {
+                for (int j = 0; j < VPL; ++j) {
+                    const float x = __shfl_sync(0xffffffffu, v[j], src);
+                    for (int i = 0; i < VPL; ++i) above[i] += x >= v[i];
+                }
+            }
+            for (int i = 0; i < VPL; ++i)
+                if (above[i] >= k_tile) keep = fmaxf(keep, v[i]);
+        }
+        for (int o = 16; o; o >>= 1) {
+            t_max = fmaxf(t_max, __shfl_xor_sync(0xffffffffu, t_max, o));
+            keep = fmaxf(keep, __shfl_xor_sync(0xffffffffu, keep, o));
+        }
+        if (lane == 0) {
+            keep_at = keep;
+            tile_maxima[row * n_tiles + d0 / TILE] = t_max;
+        }
     }
+    __syncthreads();
+    const float keep_from = keep_at;
     for (int g = tid; g < NG; g += THREADS) {  // the tile's group maxima are adjacent: one coalesced write
         const float m = g_max[g];
         if (d0 / 32 + g < n_groups) maxima[row * n_groups + d0 / 32 + g] = m > 0.0f && m >= keep_from ? m : 0.0f;
     }
-    for (int g = warp; g < NG; g += THREADS / 32) {  // a kept group's scores: one warp, 128 adjacent bytes
-        const float m = g_max[g];
+    // A kept group's scores: one warp, 128 adjacent bytes. Warp w takes groups w, w + NW, ...: one ballot finds them.
+    const int mine = warp + (THREADS / 32) * lane;
+    const float m = mine < NG ? g_max[mine] : 0.0f;
+    for (unsigned kept = __ballot_sync(0xffffffffu, m > 0.0f && m >= keep_from); kept; kept &= kept - 1) {
+        const int g = warp + (THREADS / 32) * (__ffs(kept) - 1);
         const long long doc = d0 + g * 32 + lane;
-        if (m > 0.0f && m >= keep_from && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
+        if (doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
     }
-    if (tid == 0) tile_maxima[row * n_tiles + d0 / TILE] = tile_max;
 }
 """
 
