@@ -188,13 +188,22 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
         const float m = g_max[g];
         if (d0 / 32 + g < n_groups) maxima[row * n_groups + d0 / 32 + g] = m > 0.0f && m >= keep_from ? m : 0.0f;
     }
-    // A kept group's scores: one warp, 128 adjacent bytes. Warp w takes groups w, w + NW, ...: one ballot finds them.
-    const int mine = warp + (THREADS / 32) * lane;
-    const float m = mine < NG ? g_max[mine] : 0.0f;
-    for (unsigned kept = __ballot_sync(0xffffffffu, m > 0.0f && m >= keep_from); kept; kept &= kept - 1) {
-        const int g = warp + (THREADS / 32) * (__ffs(kept) - 1);
-        const long long doc = d0 + g * 32 + lane;
-        if (doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
+    // A kept group's scores: one warp, 128 adjacent bytes; warp w takes groups w, w + NW, ... Under a k-th largest
+    // cut few are kept, and one ballot finds them; with every matched group kept, a loop of fixed length over all of
+    // them keeps its reads in flight together (the ballot's loop would wait on each in turn).
+    if (k_tile > 0) {
+        const int mine = warp + (THREADS / 32) * lane;
+        const float m = mine < NG ? g_max[mine] : 0.0f;
+        for (unsigned kept = __ballot_sync(0xffffffffu, m > 0.0f && m >= keep_from); kept; kept &= kept - 1) {
+            const int g = warp + (THREADS / 32) * (__ffs(kept) - 1);
+            const long long doc = d0 + g * 32 + lane;
+            if (doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
+        }
+    } else {
+        for (int g = warp; g < NG; g += THREADS / 32) {
+            const long long doc = d0 + g * 32 + lane;
+            if (g_max[g] > 0.0f && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
+        }
     }
 }
 """
