@@ -85,6 +85,15 @@ class CudaKernel:
             _check_driver(self._cuda, self._cuda.cuModuleGetFunction(ctypes.byref(self._func), self._module,
                                                                      name.encode()), "cuModuleGetFunction")
 
+    def occupancy(self, block: int) -> tuple[int, int]:
+        """(registers per thread, blocks a multiprocessor holds at once) when launched with ``block`` threads."""
+        regs, blocks = ctypes.c_int(), ctypes.c_int()
+        _check_driver(self._cuda, self._cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, self._func),  # NUM_REGS
+                      "cuFuncGetAttribute")
+        _check_driver(self._cuda, self._cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(blocks), self._func, block, ctypes.c_size_t(0)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return regs.value, blocks.value
+
     def __call__(self, grid: int, block: int, *args) -> None:
         """Launch on the current stream of the kernel's device (asynchronous, like any torch op)."""
         if len(args) != len(self.types):

@@ -1,0 +1,117 @@
+"""The CUDA tile scoring kernel alone, this checkout's against other versions' sources, side by side in one run.
+
+    git show 808740b:ragserve/backends/gpu_tiles_cuda.py > /tmp/tiles_808740b.py
+    python scripts/bench_tile_kernel.py --synth dpr21m 21000000 --workdir /tmp/synth --reference REF_IDX \
+        --topics nq=NQ_TOPICS msmarco=MSMARCO_TOPICS --variant 808740b=/tmp/tiles_808740b.py --json out.json
+
+For each kernel version and query set (the first ``--batch`` mapped queries, as in ``bench_gpu.py``): registers
+and resident blocks a multiprocessor, parity of the backend's top-k with the cpu backend's (k = 10 and 1000), and
+the scoring stage of one batch timed by CUDA events (plan upload, bounds and scoring kernels; median of
+``--reps``) at k = 10 (groups cut at the tile's k-th best), at k = 1000 (every matched group kept) and at k = 10
+with every query sent term by term (``term_order="ascending"``). A variant file is a ``gpu_tiles_cuda.py`` of
+another commit: its ``SOURCE`` replaces this checkout's (the launch arguments must be the same).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from indexer.reader import IndexReader  # noqa: E402
+from ragserve.backends import gpu_tiles as T  # noqa: E402
+from ragserve.backends import gpu_tiles_cuda as TC  # noqa: E402
+from ragserve.backends.gpu import GpuBackend  # noqa: E402
+from ragserve.searcher import Searcher  # noqa: E402
+from synth_layout import map_queries, write_layout  # noqa: E402
+
+K1, B = 0.9, 0.4
+
+
+def same(a, b) -> bool:
+    return np.array_equal(a.docids, b.docids) and np.array_equal(a.scores.view(np.int32), b.scores.view(np.int32))
+
+
+def stage_ms(g: GpuBackend, chunk, cache: torch.Tensor, k: int, reps: int) -> float:
+    """Median ms of begin + score of one planned batch (CUDA events)."""
+    times = []
+    for i in range(reps + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g._tiles.begin(chunk[0])
+        g._tiles.score(chunk[1], g._post, g._norms, cache, k)
+        b.record()
+        torch.cuda.synchronize()
+        if i >= 2:  # the first two warm up
+            times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--synth", nargs=2, metavar=("NAME", "DOCS"), required=True)
+    ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--reference", type=Path, required=True)
+    ap.add_argument("--topics", nargs="+", required=True, metavar="NAME=FILE")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FILE")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA device")
+    idx = args.workdir / args.synth[0]
+    if not (idx / "manifest.json").exists():
+        write_layout(idx, int(args.synth[1]))
+    reader = IndexReader(idx)
+    cpu = Searcher(reader, backend="cpu")
+    sets = {}
+    for spec in args.topics:
+        name, path = spec.split("=", 1)
+        rows = map_queries(idx, args.reference, Path(path), 4 * args.batch)
+        sets[name] = [q for q in (cpu.analyze(text) for _, text in rows) if len(q)][:args.batch]
+    want = {(n, k): cpu.backend.search_terms(qs, k, K1, B) for n, qs in sets.items() for k in (10, 1000)}
+    versions = {"this checkout": TC.SOURCE}
+    for spec in args.variant:
+        name, path = spec.split("=", 1)
+        mod_spec = importlib.util.spec_from_file_location(f"tiles_{name}", path)
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+        versions[name] = mod.SOURCE
+    g = GpuBackend(reader, kernel="triton", max_batch=args.batch)
+    cache_np, cache = g._cache(K1, B)
+    min_q = float(cache_np[g._max_norm]) / 4
+    out = {"card": torch.cuda.get_device_name(0), "argv": sys.argv, "versions": {}}
+    for name, source in versions.items():
+        TC.SOURCE = source
+        g._tiles = None
+        torch.cuda.empty_cache()
+        g._tiles = T.TileScorer(g.num_docs, reader.block_size, g.tf_bits, g.plan.rows, g.device)
+        if g._tiles.scorer != "cuda":
+            ap.error("the CUDA C tile scorer did not build here (NVRTC missing?)")
+        regs, blocks = g._tiles._cuda_kernel.occupancy(TC.threads(g._tiles.tile))
+        res = {"registers": regs, "blocks_per_sm": blocks}
+        for qn, qs in sets.items():
+            for k in (10, 1000):
+                res[f"{qn} mismatches k={k}"] = sum(not same(a, b) for a, b in
+                                                    zip(g.search_terms(qs, k, K1, B), want[(qn, k)]))
+            flat, loop = g._plan_chunk(qs, min_q), g._plan_chunk(qs, 0.0)  # min_q 0: nothing provably exact
+            res[f"{qn} ms k=10"] = round(stage_ms(g, flat, cache, 10, args.reps), 3)
+            res[f"{qn} ms k=1000"] = round(stage_ms(g, flat, cache, 1000, args.reps), 3)
+            res[f"{qn} ms k=10 term by term"] = round(stage_ms(g, loop, cache, 10, args.reps), 3)
+        out["versions"][name] = res
+        print(name, json.dumps(res), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
