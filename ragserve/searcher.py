@@ -64,6 +64,11 @@ class TopK:
     docids: np.ndarray  # int64
     scores: np.ndarray  # float32
 
+    def same_as(self, other: "TopK") -> bool:
+        """The same docids and the same score bits: the parity every backend is held to."""
+        return (np.array_equal(self.docids, other.docids)
+                and np.array_equal(self.scores.view(np.uint32), other.scores.view(np.uint32)))
+
 
 @dataclass
 class KernelTimes:

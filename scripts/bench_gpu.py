@@ -243,8 +243,7 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
                         "p50_ms": percentile(lat_c * 1e3, 50), "p99_ms": percentile(lat_c * 1e3, 99),
                         "mean_ms": lat_c.mean() * 1e3, "floor_ratio_p50": percentile(ratio_c, 50),
                         "batch_qps": nc / dtc}
-            same = [np.array_equal(x.docids, y.docids) and np.array_equal(x.scores.view(np.int32), y.scores.view(np.int32))
-                    for x, y in zip(gres, cres)]
+            same = [x.same_as(y) for x, y in zip(gres, cres)]
             r["parity"] = {"compared": len(same), "mismatches": len(same) - sum(same)}
             r["speedup_batch_vs_cpu"] = r["gpu"]["batch_qps"] / r["cpu"]["batch_qps"]
             log(f"{name} k={k} cpu p50 {r['cpu']['p50_ms']:.3f} ms, {r['cpu']['batch_qps']:.1f} q/s on {nc}; "

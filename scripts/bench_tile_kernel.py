@@ -35,10 +35,6 @@ from synth_layout import map_queries, write_layout  # noqa: E402
 K1, B = 0.9, 0.4
 
 
-def same(a, b) -> bool:
-    return np.array_equal(a.docids, b.docids) and np.array_equal(a.scores.view(np.int32), b.scores.view(np.int32))
-
-
 def stage_ms(g: GpuBackend, chunk, cache: torch.Tensor, k: int, reps: int) -> float:
     """Median ms of begin + score of one planned batch (CUDA events)."""
     times = []
@@ -100,7 +96,7 @@ def main() -> int:
         res = {"registers": regs, "blocks_per_sm": blocks}
         for qn, qs in sets.items():
             for k in (10, 1000):
-                res[f"{qn} mismatches k={k}"] = sum(not same(a, b) for a, b in
+                res[f"{qn} mismatches k={k}"] = sum(not a.same_as(b) for a, b in
                                                     zip(g.search_terms(qs, k, K1, B), want[(qn, k)]))
             flat, loop = g._plan_chunk(qs, min_q), g._plan_chunk(qs, 0.0)  # min_q 0: nothing provably exact
             res[f"{qn} ms k=10"] = round(stage_ms(g, flat, cache, 10, args.reps), 3)

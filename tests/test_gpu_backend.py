@@ -25,14 +25,10 @@ CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
 
 
-def same(a, b) -> bool:
-    return np.array_equal(a.docids, b.docids) and np.array_equal(a.scores.view(np.int32), b.scores.view(np.int32))
-
-
 def assert_parity(gpu: GpuBackend, cpu: CpuBackend, queries, k: int, k1: float = 0.9, b: float = 0.4) -> None:
     want = cpu.search_terms(queries, k, k1, b)
     got = gpu.search_terms(queries, k, k1, b)
-    bad = [i for i, (x, y) in enumerate(zip(got, want)) if not same(x, y)]
+    bad = [i for i, (x, y) in enumerate(zip(got, want)) if not x.same_as(y)]
     assert not bad, f"{len(bad)} of {len(queries)} queries differ at k={k}, first: query {bad[0]}"
     assert sum(len(r.docids) for r in got) > 0
 
@@ -123,7 +119,7 @@ def test_staging_a_batch_that_needs_every_term_of_a_shard(tmp_path):
     q = [s.analyze("apple banana cherry"), s.analyze("cherry"), s.analyze("banana apple")]
     for k in (5, 400):
         for got, want in zip(g.search_terms(q, k, reader.k1, reader.b), s.backend.search_terms(q, k, reader.k1, reader.b)):
-            assert same(got, want)
+            assert got.same_as(want)
 
 
 def test_memory_plan_error_is_clear(arguana):
@@ -181,7 +177,7 @@ def test_ties_break_by_docid_across_k(tmp_path):
         g = GpuBackend(reader, device="cpu", topk=method)
         for k in (1, 7, 100, 150, 250, 400):
             got = g.search_terms([q], k, reader.k1, reader.b)[0]
-            assert same(got, s.backend.search_terms([q], k, reader.k1, reader.b)[0])
+            assert got.same_as(s.backend.search_terms([q], k, reader.k1, reader.b)[0])
             order = np.lexsort((got.docids, -got.scores.astype(np.float64)))
             assert np.array_equal(order, np.arange(got.docids.size))
         assert len(g.search_terms([q], 400, reader.k1, reader.b)[0].docids) == 300  # docs without either term: none

@@ -48,8 +48,7 @@ def test_csim_topk_is_bit_identical_to_cpu(case, k):
     expected = cpu.backend.search_terms(queries, k, ix.k1, ix.b)
     got = sim.backend.search_terms(queries, k, ix.k1, ix.b)
     assert len(got) == len(expected) == len(queries) > 400
-    bad = [i for i, (g, e) in enumerate(zip(got, expected))
-           if not (np.array_equal(g.docids, e.docids) and np.array_equal(g.scores.view(np.uint32), e.scores.view(np.uint32)))]
+    bad = [i for i, (g, e) in enumerate(zip(got, expected)) if not g.same_as(e)]
     assert not bad, f"{name} k={k}: {len(bad)} queries differ, first {bad[:5]}"
     # The comparison is not vacuous: full lists, and hits from every shard of the index.
     assert sum(len(e.docids) == k for e in expected) > 0.7 * len(queries)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
-
 from indexer.reader import IndexReader
 from ragserve.backends import gpu_tiles
 from ragserve.backends.gpu import GpuBackend
@@ -20,8 +18,7 @@ from ragserve.topics import read_queries
 def mismatches(gpu: GpuBackend, cpu, queries, k: int) -> int:
     got, want = gpu.search_terms(queries, k, 0.9, 0.4), cpu.search_terms(queries, k, 0.9, 0.4)
     assert sum(len(r.docids) for r in got) > 0
-    return sum(not (np.array_equal(a.docids, b.docids) and np.array_equal(a.scores.view(np.int32), b.scores.view(np.int32)))
-               for a, b in zip(got, want))
+    return sum(not a.same_as(b) for a, b in zip(got, want))
 
 
 def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queries: str) -> int:
