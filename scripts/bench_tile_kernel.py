@@ -92,7 +92,7 @@ def main() -> int:
         g._tiles = T.TileScorer(g.num_docs, reader.block_size, g.tf_bits, g.plan.rows, g.device)
         if g._tiles.scorer != "cuda":
             ap.error("the CUDA C tile scorer did not build here (NVRTC missing?)")
-        regs, blocks = g._tiles._cuda_kernel.occupancy(TC.threads(g._tiles.tile))
+        regs, blocks = g._tiles._kernels.scorer.occupancy(TC.threads(g._tiles.tile))
         res = {"registers": regs, "blocks_per_sm": blocks}
         for qn, qs in sets.items():
             for k in (10, 1000):

@@ -289,3 +289,66 @@ def test_tile_plan_orders_entries_canonically(hotpot):
     assert pairs[2].tolist() == starts and pairs[3].tolist() == starts[1:] + [n]
     assert [tuple(x) for x in pairs[:2].T.tolist()] == [want[j][:2] for j in starts]
     assert pairs[4].tolist() == [int(flat[want[j][0]]) for j in starts]
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
+    """The one-call plan of resident shards (``plan_queries``) is ``plan_tiles`` of the batch's items, with the flat
+    flags of ``sum_is_exact`` (none under ``term_order='ascending'``)."""
+    from ragserve.backends.gpu_tiles import plan_queries, plan_tiles
+
+    reader, _, queries = hotpot
+    g = GpuBackend(reader, device="cpu", term_order="auto" if auto else "ascending")
+    planner, qs = g.device_arrays()["planner"], [q for q in queries[:70] if len(q)]
+    pbase = np.arange(len(reader.shards)) * 1_000_003
+    n_blocks = -(-reader.num_docs // reader.block_size)
+    min_q = float(bm25.norm_cache(0.9, 0.4, reader.avgdl)[int(np.asarray(reader.norms).max())]) / 4
+    items = planner.items(qs)
+    want = plan_tiles(planner, items, pbase[items.shard], n_blocks, g._exact(qs, min_q))
+    got = plan_queries(planner, qs, pbase, n_blocks, auto, min_q)
+    assert (got.n_ent, got.n_pairs, got.pairs_at, got.max_count) == (want.n_ent, want.n_pairs, want.pairs_at,
+                                                                     want.max_count)
+    assert np.array_equal(got.table, want.table)
+    assert got.table[got.pairs_at + 4 * got.n_pairs:].any() == auto
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_kth_largest_kernel():
+    """The radix-select threshold kernel returns torch.topk's k-th largest value (ties, zeros, k = n, k > n: 0)."""
+    from ragserve.backends import gpu_tiles_cuda as TC
+
+    dev = torch.device("cuda")
+    kn = TC.TileKernels(2048, 128, dev)
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    n = 49_153
+    rows = torch.rand((5, n), generator=gen).to(dev)
+    rows[1] = torch.round(rows[1] * 50) / 50  # heavy ties
+    rows[2, ::3] = 0.0  # unmatched tiles
+    rows[3] = 0.0
+    rows[4, :100] = torch.tensor(np.float32(np.logspace(-40, 30, 100)), device=dev)  # subnormals to large
+    thr = torch.empty(5, dtype=torch.float32, device=dev)
+    found = torch.ones(4, dtype=torch.int64, device=dev)
+    for k in (1, 2, 10, 1000, 10_000, n, n + 1):
+        kn.kth(5, TC.KTH_THREADS, rows, n, k, thr, found)
+        want = (torch.topk(rows, k, dim=1).values.amin(dim=1) if k <= n else torch.zeros(5, device=dev))
+        assert torch.equal(thr, want), k
+        assert int(found[0]) == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
+    """More candidates than room: the batch is scored again with more (the first collect cleared the maxima); after
+    every search the maxima are zero again."""
+    monkeypatch.setattr(gpu_tiles, "MIN_CAPACITY", 16)
+    monkeypatch.setattr(gpu_tiles, "CANDIDATES_PER_HIT", 0)
+    monkeypatch.setattr(gpu_tiles, "PEEK", 8)
+    reader, cpu, queries = hotpot
+    g = GpuBackend(reader, kernel="triton", max_batch=16)
+    launches = []
+    launch = g._launch_chunk
+    monkeypatch.setattr(g, "_launch_chunk", lambda *a: (launches.append(1), launch(*a)))
+    assert_parity(g, cpu, queries[:64], 100)
+    assert len(launches) > 4
+    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()

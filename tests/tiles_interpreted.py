@@ -34,9 +34,17 @@ def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queri
     streaming = GpuBackend(reader, device="cpu", kernel="triton", memory_bytes=budget, max_batch=4)
     assert streaming.describe()["streamed_shards"] >= 1
     bad["hotpot streamed k=10"] = mismatches(streaming, s.backend, qs, 10)
-    gpu_tiles.PEEK, gpu_tiles.MIN_CAPACITY = 8, 16  # a second transfer, and the collect rerun with more room
+    # A second transfer, and a batch scored again (the first collect cleared the maxima) with more room.
+    gpu_tiles.PEEK, gpu_tiles.MIN_CAPACITY, gpu_tiles.CANDIDATES_PER_HIT = 8, 16, 0
+    launches = []
+    launch = g._launch_chunk
+    g._launch_chunk = lambda *a: (launches.append(1), launch(*a))
     bad["hotpot k=100, small capacity"] = mismatches(g, s.backend, qs, 100)
-    gpu_tiles.PEEK, gpu_tiles.MIN_CAPACITY = 4096, 1 << 16
+    bad["hotpot k=100, small capacity: no batch scored again"] = int(len(launches) <= 3)
+    del g._launch_chunk
+    gpu_tiles.PEEK, gpu_tiles.MIN_CAPACITY, gpu_tiles.CANDIDATES_PER_HIT = 4096, 1 << 16, 4
+    # The collect kernel leaves the maxima zero for the next batch.
+    bad["maxima left nonzero"] = int((g._tiles.maxima != 0).sum() + (g._tiles.tile_maxima != 0).sum())
     reader = IndexReader(arguana_index)
     s = Searcher(reader, backend="cpu", threads=1)
     qs = [s.analyze(q.text) for q in read_queries(arguana_queries)[:2]]  # whole arguments: > 16 terms a tile

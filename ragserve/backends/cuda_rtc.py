@@ -50,13 +50,10 @@ def _check_driver(lib: ctypes.CDLL, rc: int, what: str) -> None:
         raise RtcError(f"{what} failed: CUDA error {rc} ({(msg.value or b'?').decode()})")
 
 
-class CudaKernel:
-    """One ``extern "C" __global__`` function compiled for ``device``; ``signature`` names each parameter's type
-    (``ptr`` for a tensor, ``i32``, ``i64``, ``f32``)."""
+class CudaModule:
+    """CUDA C source compiled for ``device``; ``kernel(name, signature)`` gives one of its ``extern "C"`` functions."""
 
-    def __init__(self, source: str, name: str, signature: list[str], options: list[str],
-                 device: torch.device) -> None:
-        self.types = [ARG_TYPES[t] for t in signature]
+    def __init__(self, source: str, options: list[str], device: torch.device, name: str = "module") -> None:
         self.device = device
         nvrtc, self._cuda = _nvrtc(), _driver()
         prog = ctypes.c_void_p()
@@ -79,11 +76,28 @@ class CudaKernel:
             nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
         with torch.cuda.device(device):
             torch.cuda.synchronize(device)  # the device's primary context is current on this thread
-            self._module, self._func = ctypes.c_void_p(), ctypes.c_void_p()
+            self._module = ctypes.c_void_p()
             _check_driver(self._cuda, self._cuda.cuModuleLoadData(ctypes.byref(self._module), cubin),
                           "cuModuleLoadData")
-            _check_driver(self._cuda, self._cuda.cuModuleGetFunction(ctypes.byref(self._func), self._module,
-                                                                     name.encode()), "cuModuleGetFunction")
+
+    def kernel(self, name: str, signature: list[str]) -> "CudaKernel":
+        func = ctypes.c_void_p()
+        _check_driver(self._cuda, self._cuda.cuModuleGetFunction(ctypes.byref(func), self._module, name.encode()),
+                      f"cuModuleGetFunction({name})")
+        return CudaKernel(self, func, signature)
+
+
+class CudaKernel:
+    """One function of a ``CudaModule``; ``signature`` names each parameter's type (``ptr`` for a tensor, ``i32``,
+    ``i64``, ``f32``). Its argument holders are reused from launch to launch (a launch costs a few microseconds of
+    Python instead of tens), so one kernel object must not be launched from two threads at once."""
+
+    def __init__(self, module: CudaModule, func: ctypes.c_void_p, signature: list[str]) -> None:
+        self.device, self._cuda, self._func = module.device, module._cuda, func
+        self._module = module  # keeps the module loaded
+        self._vals = [ARG_TYPES[t]() for t in signature]
+        self._params = (ctypes.c_void_p * len(self._vals))(
+            *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in self._vals])
 
     def occupancy(self, block: int) -> tuple[int, int]:
         """(registers per thread, blocks a multiprocessor holds at once) when launched with ``block`` threads."""
@@ -94,14 +108,43 @@ class CudaKernel:
             ctypes.byref(blocks), self._func, block, ctypes.c_size_t(0)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return regs.value, blocks.value
 
-    def __call__(self, grid: int, block: int, *args) -> None:
-        """Launch on the current stream of the kernel's device (asynchronous, like any torch op)."""
-        if len(args) != len(self.types):
-            raise TypeError(f"expected {len(self.types)} arguments, got {len(args)}")
-        vals = [t(a.data_ptr() if isinstance(a, torch.Tensor) else a) for t, a in zip(self.types, args)]
-        params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        _check_driver(self._cuda, self._cuda.cuLaunchKernel(self._func, grid, 1, 1, block, 1, 1, 0,
-                                                            ctypes.c_void_p(stream), params, None),
-                      "cuLaunchKernel")
+    def __call__(self, grid: int | tuple[int, int], block: int, *args, stream: int | None = None) -> None:
+        """Launch on ``stream`` (a ``cuda_stream`` handle; default the current stream of the kernel's device),
+        asynchronous like any torch op. A tensor argument passes its data pointer, as may an int."""
+        if len(args) != len(self._vals):
+            raise TypeError(f"expected {len(self._vals)} arguments, got {len(args)}")
+        for v, a in zip(self._vals, args):
+            v.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+        gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
+        if stream is None:
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+        rc = self._cuda.cuLaunchKernel(self._func, gx, gy, 1, block, 1, 1, 0, stream, self._params, None)
+        if rc:
+            _check_driver(self._cuda, rc, "cuLaunchKernel")
 
+
+class StreamCopies:
+    """Asynchronous copies between pinned host memory and the device, and waits for a stream, straight through the
+    driver: a few microseconds of Python each where a torch copy costs tens (a single query's latency is mostly
+    such host work). Addresses are ``data_ptr()`` values, streams ``cuda_stream`` handles."""
+
+    def __init__(self) -> None:
+        self._cuda = _driver()
+        self._cuda.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        self._cuda.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        self._cuda.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+
+    def to_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        rc = self._cuda.cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream)
+        if rc:
+            _check_driver(self._cuda, rc, "cuMemcpyHtoDAsync")
+
+    def to_host(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        rc = self._cuda.cuMemcpyDtoHAsync_v2(dst, src, nbytes, stream)
+        if rc:
+            _check_driver(self._cuda, rc, "cuMemcpyDtoHAsync")
+
+    def wait(self, stream: int) -> None:
+        rc = self._cuda.cuStreamSynchronize(stream)
+        if rc:
+            _check_driver(self._cuda, rc, "cuStreamSynchronize")

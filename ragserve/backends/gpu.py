@@ -19,6 +19,7 @@ Nothing global is touched: every tensor lives on the configured device, and kern
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 
@@ -211,7 +212,8 @@ class GpuBackend(Backend):
                 qs = [queries[i] for i in idx]
                 t0 = time.perf_counter()
                 if self._tiles is not None:
-                    self._launch_chunk(nxt, cache, k)
+                    cur = nxt
+                    self._launch_chunk(cur, cache, k)
                     # The next batch is planned on the host while the device scores this one.
                     nxt = (self._plan_chunk([queries[i] for i in chunks[n + 1]], min_q) if n + 1 < len(chunks)
                            else None)
@@ -220,7 +222,8 @@ class GpuBackend(Backend):
                 if times is not None:
                     self._sync()
                     t1 = time.perf_counter()
-                tops = self._tiles.topk(len(qs), k) if self._tiles is not None else select_topk(acc, k, self.topk)
+                tops = (self._tiles.topk(len(qs), k, functools.partial(self._launch_chunk, cur, cache, k))
+                        if self._tiles is not None else select_topk(acc, k, self.topk))
                 if times is not None:
                     t2 = time.perf_counter()
                     times.relevancy += t1 - t0
@@ -267,9 +270,12 @@ class GpuBackend(Backend):
                        lambda part, pbase, e0: self._launch_all(part, pbase, e0, exact, cache, acc))
         return acc
 
-    def _plan_chunk(self, queries: list[QueryTerms], min_q: float) -> tuple[int, T.TilePlan, Items, np.ndarray]:
-        """Host work of a batch on the tiled path: the resident shards' plan, and the streamed shards' items
-        (planned when staged); which queries' terms the CUDA kernel may add at once (``_exact``)."""
+    def _plan_chunk(self, queries: list[QueryTerms], min_q: float) -> tuple[int, T.TilePlan, Items | None, np.ndarray]:
+        """Host work of a batch on the tiled path: the resident shards' plan, with which queries' terms the CUDA
+        kernel may add at once (``_exact``), and the streamed shards' items (planned when staged) and flags."""
+        if not self.plan.streamed:  # one compiled call from the queries to the plan
+            plan = T.plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
+            return len(queries), plan, None, np.zeros(0, bool)
         items = self._planner.items(queries)
         flat = self._exact(queries, min_q)
         streamed = np.isin(items.shard, self.plan.streamed)
@@ -277,7 +283,8 @@ class GpuBackend(Backend):
         return len(queries), T.plan_tiles(self._planner, resident, self._pbase[resident.shard],
                                           self._n_blocks, flat), items.take(streamed), flat
 
-    def _launch_chunk(self, chunk: tuple[int, T.TilePlan, Items, np.ndarray], cache: torch.Tensor, k: int) -> None:
+    def _launch_chunk(self, chunk: tuple[int, T.TilePlan, Items | None, np.ndarray], cache: torch.Tensor,
+                      k: int) -> None:
         rows, plan, streamed, flat = chunk
         tiles = self._tiles
         tiles.begin(rows)

@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 from numba import njit
 
+from ragserve import bm25
 from ragserve.backends import gpu_tiles_cuda as TC
-from ragserve.backends.cuda_rtc import RtcError
+from ragserve.backends.cuda_rtc import RtcError, StreamCopies
 from ragserve.backends.gpu_items import ItemPlanner, Items
 from ragserve.backends.gpu_topk import TINY, ranked
+from ragserve.bm25 import QueryTerms
 from ragserve.searcher import TopK
 
 try:
@@ -42,11 +45,12 @@ except ImportError:  # the CPU wheel of torch ships without Triton
 TILE_MAX = 2048  # docs per tile: 16 KiB of f64 scratch per program
 GROUP = 32  # docs per group maximum
 CHUNK = 128  # postings per vector step: a term has ~0-1,000 postings in a tile, and idle lanes cost issue slots
-COLLECT_GROUPS = 1024  # groups per collect program (most have no group reaching the threshold)
+COLLECT_GROUPS = TC.COLLECT_GROUPS  # groups per collect program (most have no group reaching the threshold)
 COLLECT_SUB = 64  # groups read at once where some do
 HOST_RANK_MAX = 1 << 15  # candidates ranked on the host below this (a device sort costs more launches)
 PEEK = 4096  # candidates read back with their count in one transfer; more take a second one
 MIN_CAPACITY = 1 << 16  # candidates the collect kernel may append (grown and rerun when more reach the threshold)
+CANDIDATES_PER_HIT = 4  # and at least this many per hit asked for
 ENTRY_BLOCK = 16  # terms whose tile ranges are read at once
 PROGRAMS_PER_SM = 16
 NUM_WARPS = 4
@@ -128,6 +132,51 @@ def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: 
                                                  planner.blk_id, n_rows, n_blocks, row_flat)
     return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
 
+
+
+_sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)
+
+
+@njit(cache=True, nogil=True)
+def _plan_queries(terms, wbits, weights, lens, auto, min_q, term_ptr, offsets, blk_start, blk_id, pbase_shard,
+                  n_blocks):
+    """``ItemPlanner.items`` (per row, term and shard instead of per shard: the same order within a (row, block)
+    bucket), the rows' ``sum_is_exact`` flags, then ``_plan``."""
+    n_rows = lens.size
+    n_shards = term_ptr.shape[0]
+    cap = terms.size * n_shards
+    e0, ne, shard = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
+    row, wb, pbase = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
+    flat = np.zeros(n_rows, np.int64)
+    m = 0
+    at = 0
+    for r in range(n_rows):
+        if auto and _sum_is_exact(weights[at:at + lens[r]], min_q):
+            flat[r] = 1
+        for j in range(at, at + lens[r]):
+            t = terms[j]
+            for sh in range(n_shards):
+                a, b = np.int64(term_ptr[sh, t]), np.int64(term_ptr[sh, t + 1])
+                if b > a:
+                    e0[m], ne[m], shard[m], row[m], wb[m], pbase[m] = a, b - a, sh, r, wbits[j], pbase_shard[sh]
+                    m += 1
+        at += lens[r]
+    return _plan(e0[:m], ne[:m], shard[:m], row[:m], wb[:m], pbase[:m], offsets, blk_start, blk_id, n_rows, n_blocks,
+                 flat)
+
+
+def plan_queries(planner: ItemPlanner, queries: list[QueryTerms], pbase: np.ndarray, n_blocks: int,
+                 auto: bool, min_q: float) -> TilePlan:
+    """``plan_tiles`` of a batch's items over all shards, straight from the analysed queries in one compiled call
+    (the single-query latency is mostly host work). ``pbase`` is each shard's arena offset of its posting 0;
+    a row is flagged flat when ``auto`` and ``bm25.sum_is_exact(weights, min_q)``."""
+    terms = np.concatenate([q.term_ids for q in queries]).astype(np.int64)
+    weights = np.concatenate([q.weights for q in queries]).astype(np.float32)
+    lens = np.array([len(q) for q in queries], dtype=np.int64)
+    table, n_ent, n_pairs, at, max_count = _plan_queries(
+        terms, weights.view(np.int32).astype(np.int64), weights, lens, auto, float(min_q), planner.term_ptr,
+        planner.offsets, planner.blk_start, planner.blk_id, pbase.astype(np.int64), n_blocks)
+    return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
 
 if triton is not None:
 
@@ -223,12 +272,13 @@ if triton is not None:
                 tl.store(sbase + cell, tl.zeros([NG, GROUP_], dtype=tl.float64))
                 tl.debug_barrier()  # the scratch is clean before the next tile adds to it
 
-    @triton.jit(do_not_specialize=["num_docs", "n_groups", "cap"])
-    def _collect_kernel(scores, maxima, thr, tiny, num_docs, n_groups, found, cap,
-                        NGB: tl.constexpr, SUB: tl.constexpr, GROUP_: tl.constexpr):
+    @triton.jit(do_not_specialize=["num_docs", "n_groups", "n_tiles", "cap"])
+    def _collect_kernel(scores, maxima, tile_maxima, thr, tiny, num_docs, n_groups, n_tiles, found, cap,
+                        NGB: tl.constexpr, SUB: tl.constexpr, GROUP_: tl.constexpr, TILE: tl.constexpr):
         # Append (row * num_docs + doc, score bits) pairs of the docs scoring >= the row's threshold (at least the
         # smallest positive score) to found[2:], counting them in found[0]; only the groups whose maximum reaches
-        # it are read, and few do, so NGB groups are checked at once and SUB at a time read.
+        # it are read, and few do, so NGB groups are checked at once and SUB at a time read. Then clears what it
+        # read, the group maxima and their tiles' maxima, so they are zero for the next batch.
         row = tl.program_id(1).to(tl.int64)
         g0 = tl.program_id(0).to(tl.int64) * NGB
         t = tl.maximum(tl.load(thr + row), tiny)
@@ -251,6 +301,9 @@ if triton is not None:
                     tl.store(found + 2 + 2 * pos, tl.reshape(row * num_docs + doc, [SUB * GROUP_]), mask=keep)
                     bits = tl.reshape(s, [SUB * GROUP_]).to(tl.int32, bitcast=True).to(tl.int64)
                     tl.store(found + 3 + 2 * pos, bits, mask=keep)
+        tl.store(maxima + row * n_groups + g, tl.zeros([NGB], dtype=tl.float32), mask=(g < n_groups) & (gm != 0.0))
+        tt = g0 * GROUP_ // TILE + tl.arange(0, NGB * GROUP_ // TILE)
+        tl.store(tile_maxima + row * n_tiles + tt, tl.zeros([NGB * GROUP_ // TILE], dtype=tl.float32), mask=tt < n_tiles)
 
 
 def _programs(device: torch.device) -> int:
@@ -265,7 +318,8 @@ def triton_available() -> bool:
 
 
 class TileScorer:
-    """Device buffers and launches of the tiled pipeline for one index (see the module docstring)."""
+    """Device buffers and launches of the tiled pipeline for one index (see the module docstring). One caller at a
+    time (the gpu backend's searches are serialised): buffers and launch arguments are reused."""
 
     def __init__(self, num_docs: int, block_size: int, tf_bits: int, max_rows: int, device: torch.device) -> None:
         self.num_docs, self.block_size, self.tf_bits = num_docs, block_size, tf_bits
@@ -276,22 +330,31 @@ class TileScorer:
         self.device = device
         self.programs = _programs(device)
         self.n_tiles = (num_docs + self.tile - 1) // self.tile
+        # Zero at rest: the collect kernel clears what it reads, so no batch starts by zeroing them.
         self.maxima = torch.zeros((max_rows, self.n_groups), dtype=torch.float32, device=device)
         self.tile_maxima = torch.zeros((max_rows, self.n_tiles), dtype=torch.float32, device=device)
+        self._dirty = 0  # rows scored and not cleared by a collect (an interrupted search)
         self.scores = torch.empty((max_rows, num_docs), dtype=torch.float32, device=device)
-        self._no_thr = torch.zeros(max_rows, dtype=torch.float32, device=device)
+        self._thr = torch.zeros(max_rows, dtype=torch.float32, device=device)
         self._found: torch.Tensor | None = None  # the collect kernel's count and (index, score bits) pairs
-        self._head = torch.empty(2 + 2 * PEEK, dtype=torch.int64, pin_memory=device.type == "cuda")
-        self._cuda_kernel = None
+        cuda = device.type == "cuda"
+        self._head = torch.empty(2 + 2 * PEEK, dtype=torch.int64, pin_memory=cuda)
+        self._table_host: torch.Tensor | None = None  # pinned staging of the plan tables
+        self._table_dev: torch.Tensor | None = None
+        self._copies = StreamCopies() if cuda else None
+        self._stream = 0  # the caller's current stream, taken at ``begin``
+        self._idle = True  # nothing queued reads the pinned table: the stream was waited for since the last upload
+        self._bounds = torch.empty(0, dtype=torch.int32, device=device)
+        self._kernels = None
         if SCORER == "cuda" and device.type == "cuda" and self.group == 32:
             try:
-                self._cuda_kernel = TC.build(self.tile, self.tpb, device)
+                self._kernels = TC.TileKernels(self.tile, self.tpb, device)
             except RtcError as e:
-                warnings.warn(f"the CUDA C tile scorer is unavailable, using the Triton one (2.2x slower): {e}")
-        self.scorer = "cuda" if self._cuda_kernel is not None else "triton"
+                warnings.warn(f"the CUDA C tile kernels are unavailable, using the Triton ones (2.2x slower): {e}")
+        self.scorer = "cuda" if self._kernels is not None else "triton"
         # The Triton kernel's per-program scratch; the CUDA one keeps its tile in shared memory.
         self.scratch = (torch.zeros(self.programs * self.tile, dtype=torch.float64, device=device)
-                        if self._cuda_kernel is None else None)
+                        if self._kernels is None else None)
 
     @staticmethod
     def work_bytes(device: torch.device, block_size: int) -> int:
@@ -307,8 +370,31 @@ class TileScorer:
         return 4 * num_docs + 4 * ((num_docs + group - 1) // group) + 4 * ((num_docs + tile - 1) // tile)
 
     def begin(self, rows: int) -> None:
-        self.maxima[:rows].zero_()  # tiles with no postings leave their groups at 0
-        self.tile_maxima[:rows].zero_()
+        """Before scoring a batch: clear the maxima an interrupted search left (tiles with no postings leave
+        their maxima as they find them)."""
+        if self._dirty:
+            self.maxima[:self._dirty].zero_()
+            self.tile_maxima[:self._dirty].zero_()
+        self._dirty = rows
+        if self._copies is not None:
+            self._stream = torch.cuda.current_stream(self.device).cuda_stream
+
+    def _upload(self, table: np.ndarray) -> torch.Tensor:
+        """The plan table on the device, through a pinned buffer (an asynchronous copy)."""
+        if self._copies is None:
+            return torch.from_numpy(table)
+        n = table.size
+        if not self._idle:  # another table of this batch may still be on its way (streamed shards)
+            self._copies.wait(self._stream)
+        if self._table_host is None or self._table_host.numel() < n:
+            size = max(n, 1 << 16, 2 * (0 if self._table_host is None else self._table_host.numel()))
+            self._table_host = torch.empty(size, dtype=torch.int64, pin_memory=True)
+            self._table_dev = torch.empty(size, dtype=torch.int64, device=self.device)
+            self._table_np = self._table_host.numpy()
+        self._table_np[:n] = table
+        self._copies.to_device(self._table_dev.data_ptr(), self._table_host.data_ptr(), 8 * n, self._stream)
+        self._idle = False
+        return self._table_dev[:n]
 
     def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
         """Score a plan's tiles for a top-``k``: their maxima, and the f32 scores of the groups that matched and
@@ -317,18 +403,24 @@ class TileScorer:
         n_ent, n_pairs = plan.n_ent, plan.n_pairs
         if n_ent == 0:
             return
-        dev = torch.from_numpy(plan.table).to(self.device)
+        dev = self._upload(plan.table)
         # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
         ent, pairs = dev[:3 * n_ent], dev[plan.pairs_at:]
-        bounds = torch.empty(n_ent * self.tpb, dtype=torch.int32, device=self.device)
+        if self._bounds.numel() < n_ent * self.tpb:
+            self._bounds = torch.empty(max(n_ent * self.tpb, 2 * self._bounds.numel()), dtype=torch.int32,
+                                       device=self.device)
+        bounds = self._bounds
+        n_units = n_pairs * self.tpb
+        kn = self._kernels
+        if kn is not None:
+            kn.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post, bounds,
+                      self.tf_bits, stream=self._stream)
+            kn.scorer(n_units, TC.threads(self.tile), ent, n_ent, pairs, n_pairs, post, norms, cache, bounds,
+                      self.maxima, self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles,
+                      self.tf_bits, self.block_size, k_tile, stream=self._stream)
+            return
         steps = plan.max_count.bit_length() + 1
         _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)
-        n_units = n_pairs * self.tpb
-        if self._cuda_kernel is not None:
-            self._cuda_kernel(n_units, TC.threads(self.tile), ent, n_ent, pairs, n_pairs, post, norms, cache, bounds,
-                              self.maxima, self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles,
-                              self.tf_bits, self.block_size, k_tile)
-            return
         # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
         _tile_kernel[(min(n_units, self.programs),)](
             ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
@@ -337,44 +429,89 @@ class TileScorer:
             TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, EB=ENTRY_BLOCK, num_warps=NUM_WARPS,
             enable_fp_fusion=False)
 
-    def topk(self, rows: int, k: int) -> list[TopK]:
-        """Top-k of the rows scored since ``begin``, best first (FORMAT.md's ranking rule)."""
-        if self.n_tiles > k:  # k tiles have a doc scoring at least this: a lower bound of the k-th score
-            thr = torch.topk(self.tile_maxima[:rows], k, dim=1, sorted=False).values.amin(dim=1)
+    def _collect(self, rows: int, k: int, capacity: int) -> torch.Tensor:
+        """Candidates of the rows scored since ``begin``: the count at [0], (index, score bits) pairs from [2]. The
+        threshold is the k-th largest tile maximum (k tiles have a doc scoring at least this: a lower bound of the
+        k-th score). Clears the maxima."""
+        if self._found is None or self._found.numel() < 2 + 2 * capacity:
+            self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
+        found, kn = self._found, self._kernels
+        if kn is not None:
+            kn.kth(rows, TC.KTH_THREADS, self.tile_maxima, self.n_tiles, k, self._thr, found, stream=self._stream)
+            kn.collect((-(-self.n_groups // COLLECT_GROUPS), rows), TC.COLLECT_THREADS, self.scores, self.maxima,
+                       self.tile_maxima, self._thr, self.num_docs, self.n_groups, self.n_tiles, found, capacity,
+                       stream=self._stream)
         else:
-            thr = self._no_thr[:rows]  # the collect kernel raises it to the smallest positive score
-        grid = (triton.cdiv(self.n_groups, COLLECT_GROUPS), rows)
-        capacity = max(MIN_CAPACITY, 4 * k * rows)
-        while True:
-            if self._found is None or self._found.numel() < 2 + 2 * capacity:
-                self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
-            found = self._found
+            thr = self._thr[:rows]
+            if self.n_tiles > k:
+                thr = torch.topk(self.tile_maxima[:rows], k, dim=1, sorted=False).values.amin(dim=1)
             found[:1].zero_()
-            _collect_kernel[grid](self.scores, self.maxima[:rows], thr, TINY, self.num_docs, self.n_groups, found,
-                                  capacity, NGB=COLLECT_GROUPS, SUB=COLLECT_SUB, GROUP_=self.group)
+            grid = (triton.cdiv(self.n_groups, COLLECT_GROUPS), rows)
+            _collect_kernel[grid](self.scores, self.maxima, self.tile_maxima, thr, TINY, self.num_docs,
+                                  self.n_groups, self.n_tiles, found, capacity, NGB=COLLECT_GROUPS, SUB=COLLECT_SUB,
+                                  GROUP_=self.group, TILE=self.tile)
+        self._dirty = 0
+        return found
+
+    def topk(self, rows: int, k: int, rescore: Callable[[], None]) -> list[TopK]:
+        """Top-k of the rows scored since ``begin``, best first (FORMAT.md's ranking rule). When more candidates
+        reach the threshold than there is room for, ``rescore()`` must score the batch again (after ``begin``):
+        the first collect cleared the maxima."""
+        capacity = max(MIN_CAPACITY, CANDIDATES_PER_HIT * k * rows)
+        while True:
+            found = self._collect(rows, k, capacity)
             # The count and the first PEEK candidates come back in one transfer (one synchronisation).
             peek = min(capacity, PEEK, (self._head.numel() - 2) // 2)
             head = self._head[:2 + 2 * peek]
-            head.copy_(found[:head.numel()])
-            total = int(head[0])
+            if self._copies is not None:
+                self._copies.to_host(head.data_ptr(), found.data_ptr(), 8 * head.numel(), self._stream)
+                self._copies.wait(self._stream)
+                self._idle = True
+            else:
+                head.copy_(found[:head.numel()])
+            head_np = head.numpy()
+            total = int(head_np[0])
             if total <= capacity:
                 break
             capacity = total
-        if total <= HOST_RANK_MAX:  # few candidates: ranked by numpy
-            pairs = (head if total <= peek else found[:2 + 2 * total].cpu()).numpy()
-            return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2],
-                              pairs[3:3 + 2 * total:2].astype(np.uint32).view(np.float32))
+            rescore()
+        if total <= HOST_RANK_MAX:  # few candidates: ranked on the host
+            pairs = head_np if total <= peek else found[:2 + 2 * total].cpu().numpy()
+            return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2], pairs[3:3 + 2 * total:2])
         idx, order = torch.sort(found[2:2 + 2 * total:2])  # collected in no order: (row, doc) ascending first
         score = found[3:3 + 2 * total:2].to(torch.int32).view(torch.float32)
         r = idx // self.num_docs
         return ranked(rows, k, r, idx - r * self.num_docs, score[order])
 
 
-def _rank_host(rows: int, k: int, num_docs: int, idx: np.ndarray, score: np.ndarray) -> list[TopK]:
-    """``ranked`` on the host: by (row, score desc, doc asc), each row cut at k."""
-    row = idx // num_docs
-    order = np.lexsort((idx, -score, row))
-    row, idx, score = row[order], idx[order], score[order]
-    bounds = np.searchsorted(row, np.arange(rows + 1))
-    return [TopK(idx[a:min(a + k, b)] - i * num_docs, score[a:min(a + k, b)].copy())
-            for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+@njit(cache=True, nogil=True)
+def _rank_keys(rows: int, k: int, num_docs: int, idx: np.ndarray, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's first k candidates by (score desc, doc asc), rows one after the other, as keys
+    ``(0x7FFFFFFF - score bits) << 32 | doc`` (positive f32 scores order like their bits); and the rows' bounds."""
+    counts = np.zeros(rows + 1, np.int64)
+    for i in range(idx.size):
+        counts[idx[i] // num_docs + 1] += 1
+    for r in range(rows):
+        counts[r + 1] += counts[r]
+    keys = np.empty(idx.size, np.int64)
+    fill = counts[:-1].copy()
+    for i in range(idx.size):
+        r = idx[i] // num_docs
+        keys[fill[r]] = ((0x7FFFFFFF - bits[i]) << 32) | (idx[i] - r * num_docs)
+        fill[r] += 1
+    out = np.empty(idx.size, np.int64)
+    bounds = np.zeros(rows + 1, np.int64)
+    for r in range(rows):
+        seg = np.sort(keys[counts[r]:counts[r + 1]])[:k]
+        out[bounds[r]:bounds[r] + seg.size] = seg
+        bounds[r + 1] = bounds[r] + seg.size
+    return out[:bounds[rows]], bounds
+
+
+def _rank_host(rows: int, k: int, num_docs: int, idx: np.ndarray, bits: np.ndarray) -> list[TopK]:
+    """``ranked`` on the host: candidates (row * num_docs + doc, score bits) by (row, score desc, doc asc), each row
+    cut at k."""
+    keys, bounds = _rank_keys(rows, k, num_docs, np.ascontiguousarray(idx), np.ascontiguousarray(bits))
+    docs = keys & 0xFFFFFFFF
+    scores = (0x7FFFFFFF - (keys >> 32)).astype(np.int32).view(np.float32)
+    return [TopK(docs[a:b], scores[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import torch
 
-from ragserve.backends.cuda_rtc import CudaKernel
+from ragserve.backends.cuda_rtc import CudaModule
 
 THREADS = 128  # threads per block: a tile's term has ~0-1,000 postings
 MAX_TERMS = 64  # entries whose ranges sit in shared memory at once (the flat path's prefix sum: 2 per lane)
 UNROLL = 4  # postings per thread in flight at once on the flat path
+COLLECT_GROUPS = 1024  # groups a collect block reads (its tiles' maxima cleared with them: a multiple of TILE / 32)
+BOUNDS_THREADS = 256
+KTH_THREADS = 1024
+COLLECT_THREADS = 256
 
 SOURCE = r"""
 #define NG (TILE / 32)
@@ -211,6 +215,120 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
 SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
              "i32", "i64", "i32"]
 
+SELECT_SOURCE = r"""
+// The plan's tile ranges and the top-k selection around the scorer: the results of gpu_tiles' Triton kernels and
+// torch.topk, in one module (a launch from Python through ctypes costs a few microseconds, a Triton one tens).
+#define FULL 0xffffffffu
+
+// bounds[e * TPB + j] = first posting of entry e whose doc offset in its block is >= j * TILE (binary search).
+extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long long n_ent,
+                                       const unsigned* __restrict__ post, int* __restrict__ bounds, int tf_bits)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_ent * TPB) return;
+    const long long e = i / TPB;
+    const unsigned long long target = ((unsigned long long)(i % TPB) * TILE) << tf_bits;
+    const unsigned* p = post + ent[e];
+    long long lo = 0, hi = ent[n_ent + e];
+    while (lo < hi) {
+        const long long mid = (lo + hi) >> 1;
+        if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
+        else hi = mid;
+    }
+    bounds[i] = (int)lo;
+}
+
+// thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
+// radix select on their bit patterns (non-negative floats order like unsigned integers): 4 passes of 8 bits, each
+// counting the values that share the digits found so far. Also resets the collect kernel's count.
+extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const float* __restrict__ tile_maxima,
+    long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ found)
+{
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix;
+    __shared__ int s_need;
+    const int tid = threadIdx.x, lane = tid & 31;
+    if (tid == 0 && blockIdx.x == 0) found[0] = 0;
+    if (k > n_tiles) {
+        if (tid == 0) thr[blockIdx.x] = 0.0f;
+        return;
+    }
+    const float* x = tile_maxima + blockIdx.x * n_tiles;
+    unsigned prefix = 0, mask = 0;
+    int need = k;  // the k-th largest is the need-th largest of the values under the prefix
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += KTH_THREADS) hist[i] = 0;
+        __syncthreads();
+        for (long long i = tid; i < n_tiles; i += KTH_THREADS) {
+            const unsigned v = __float_as_uint(x[i]);
+            if ((v & mask) == prefix) atomicAdd(&hist[(v >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid < 32) {  // lane l holds digits 255 - 8l down to 248 - 8l; counts from the top by a scan over lanes
+            unsigned c[8], sum = 0;
+            for (int j = 0; j < 8; ++j) {
+                c[j] = hist[255 - 8 * lane - j];
+                sum += c[j];
+            }
+            unsigned incl = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned v = __shfl_up_sync(FULL, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const unsigned hit = __ballot_sync(FULL, incl >= (unsigned)need);
+            if (lane == __ffs(hit) - 1) {
+                unsigned above = incl - sum;
+                int j = 0;
+                while (above + c[j] < (unsigned)need) above += c[j++];
+                s_need = need - (int)above;
+                s_prefix = prefix | ((unsigned)(255 - 8 * lane - j) << shift);
+            }
+        }
+        __syncthreads();
+        need = s_need;
+        prefix = s_prefix;
+        mask |= 255u << shift;
+    }
+    if (tid == 0) thr[blockIdx.x] = __uint_as_float(prefix);
+}
+
+// Append (row * num_docs + doc, score bits) of the docs scoring >= the row's threshold (at least the smallest
+// positive score) to found[2:], counting them in found[0] (past cap only counted). Each lane reads one group
+// maximum; only the groups reaching the threshold are read, a warp each. Then it clears what it read, the group
+// maxima and their tiles' maxima, so they are zero for the next batch.
+extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const float* __restrict__ scores,
+    float* __restrict__ maxima, float* __restrict__ tile_maxima, const float* __restrict__ thr, long long num_docs,
+    long long n_groups, long long n_tiles, unsigned long long* __restrict__ found, long long cap)
+{
+    const long long row = blockIdx.y;
+    const float t = fmaxf(thr[row], __int_as_float(1));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long g0 = (long long)blockIdx.x * COLLECT_GROUPS, g1 = min(g0 + COLLECT_GROUPS, n_groups);
+    float* m = maxima + row * n_groups;
+    for (long long base = g0 + 32 * warp; base < g1; base += COLLECT_THREADS) {
+        const long long g = base + lane;
+        const float gm = g < g1 ? m[g] : 0.0f;
+        if (gm != 0.0f) m[g] = 0.0f;
+        for (unsigned sel = __ballot_sync(FULL, gm >= t); sel; sel &= sel - 1) {
+            const long long doc = (base + __ffs(sel) - 1) * 32 + lane;
+            const float s = doc < num_docs ? scores[row * num_docs + doc] : 0.0f;
+            const bool ok = doc < num_docs && s >= t;
+            const unsigned okm = __ballot_sync(FULL, ok);
+            unsigned long long first = 0;
+            if (lane == 0 && okm) first = atomicAdd(found, (unsigned long long)__popc(okm));
+            const unsigned long long pos = __shfl_sync(FULL, first, 0) + __popc(okm & ((1u << lane) - 1u));
+            if (ok && pos < (unsigned long long)cap) {
+                found[2 + 2 * pos] = (unsigned long long)(row * num_docs + doc);
+                found[3 + 2 * pos] = (unsigned)__float_as_int(s);
+            }
+        }
+    }
+    const long long t0 = g0 * 32 / TILE, t1 = min(t0 + COLLECT_GROUPS * 32 / TILE, n_tiles);
+    for (long long i = t0 + threadIdx.x; i < t1; i += COLLECT_THREADS) tile_maxima[row * n_tiles + i] = 0.0f;
+}
+"""
+
+
 
 def threads(tile: int) -> int:
     """Threads per block for ``tile``-doc tiles (a power of two >= 32)."""
@@ -223,10 +341,17 @@ def min_blocks(tile: int) -> int:
     return max(1, min(32, 2048 // threads(tile), (228 << 10) // (8 * tile + (3 << 10))))
 
 
-def build(tile: int, tpb: int, device: torch.device) -> CudaKernel:
-    """The kernel for ``tile``-doc tiles, ``tpb`` tiles per doc block (groups of 32 docs); launch it with
-    ``threads(tile)`` threads per block."""
-    defines = {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
-               "MIN_BLOCKS": min_blocks(tile)}
-    return CudaKernel(SOURCE, "bm25_tiles", SIGNATURE,
-                      ["--fmad=false"] + [f"-D{k}={v}" for k, v in defines.items()], device)
+class TileKernels:
+    """The module's kernels for one tile size: ``scorer`` (``SOURCE``), ``bounds``, ``kth`` and ``collect``
+    (``SELECT_SOURCE``); launch the scorer with ``threads(tile)`` threads a block."""
+
+    def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
+        defines = {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
+                   "MIN_BLOCKS": min_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
+                   "KTH_THREADS": KTH_THREADS, "COLLECT_THREADS": COLLECT_THREADS}
+        module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in defines.items()],
+                            device, "bm25_tiles")
+        self.scorer = module.kernel("bm25_tiles", SIGNATURE)
+        self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32"])
+        self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
+        self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64"])
