@@ -36,12 +36,14 @@ class Items:
 
 
 class ItemPlanner:
-    """Host copies of every shard's ``term_ptr`` (stacked), ``blk_start`` and ``blk_id`` (concatenated, the
-    latter padded to the former's length so one offset per shard serves both), so planning a batch is a few
-    vectorised lookups whatever the number of shards."""
+    """Host copies of every shard's ``term_ptr`` (side by side: row t holds every shard's pointer of term t, so a
+    query term's lookups share a cache line), ``blk_start`` and ``blk_id`` (concatenated, the latter padded to the
+    former's length so one offset per shard serves both), so planning a batch is a few vectorised lookups whatever
+    the number of shards."""
 
     def __init__(self, term_ptrs: list[np.ndarray], blk_starts: list[np.ndarray], blk_ids: list[np.ndarray]) -> None:
-        self.term_ptr = np.stack([np.asarray(t) for t in term_ptrs]) if term_ptrs else np.zeros((0, 1), np.uint32)
+        self.term_ptr = (np.stack([np.asarray(t) for t in term_ptrs], axis=1) if term_ptrs
+                         else np.zeros((1, 0), np.uint32))  # [terms + 1, shards]
         self.blk_start = np.concatenate([np.asarray(b) for b in blk_starts]) if blk_starts else np.zeros(0, np.uint32)
         self.blk_id = (np.concatenate([np.append(np.asarray(b), np.uint32(0)) for b in blk_ids]) if blk_ids
                        else np.zeros(0, np.uint32))
@@ -57,8 +59,8 @@ class ItemPlanner:
         lens = np.array([len(q) for q in queries], dtype=np.int64)
         rows = np.repeat(np.arange(len(queries), dtype=np.int64), lens)
         slots = np.arange(terms.size, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-        e0 = self.term_ptr[:, terms].astype(np.int64)  # [shards, terms]
-        e1 = self.term_ptr[:, terms + 1].astype(np.int64)
+        e0 = self.term_ptr[terms].T.astype(np.int64)  # [shards, terms]
+        e1 = self.term_ptr[terms + 1].T.astype(np.int64)
         shard, k = np.nonzero(e1 > e0)
         e0, e1 = e0[shard, k], e1[shard, k]
         a = self.blk_start[self.offsets[shard] + e0].astype(np.int64)

@@ -143,7 +143,7 @@ def _plan_queries(terms, wbits, weights, lens, auto, min_q, term_ptr, offsets, b
     """``ItemPlanner.items`` (per row, term and shard instead of per shard: the same order within a (row, block)
     bucket), the rows' ``sum_is_exact`` flags, then ``_plan``."""
     n_rows = lens.size
-    n_shards = term_ptr.shape[0]
+    n_shards = term_ptr.shape[1]
     cap = terms.size * n_shards
     e0, ne, shard = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
     row, wb, pbase = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
@@ -156,7 +156,7 @@ def _plan_queries(terms, wbits, weights, lens, auto, min_q, term_ptr, offsets, b
         for j in range(at, at + lens[r]):
             t = terms[j]
             for sh in range(n_shards):
-                a, b = np.int64(term_ptr[sh, t]), np.int64(term_ptr[sh, t + 1])
+                a, b = np.int64(term_ptr[t, sh]), np.int64(term_ptr[t + 1, sh])
                 if b > a:
                     e0[m], ne[m], shard[m], row[m], wb[m], pbase[m] = a, b - a, sh, r, wbits[j], pbase_shard[sh]
                     m += 1

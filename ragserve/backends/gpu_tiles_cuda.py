@@ -53,7 +53,6 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     __shared__ long long t_first[MAX_TERMS];  // flat path: then minus the term's first flat index
     __shared__ int t_count[MAX_TERMS];
     __shared__ float t_w[MAX_TERMS];
-    __shared__ float keep_at;
     __shared__ int t_end[MAX_TERMS];  // flat path: inclusive prefix sum of the counts
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const long long pair = blockIdx.x / TPB;
@@ -155,39 +154,25 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     for (int o = 1; o < 32 / CPT; o <<= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
     if (tid % (32 / CPT) == 0) g_max[tid / (32 / CPT)] = gm;
     __syncthreads();
-    // One warp: the tile maximum, and the k-th largest group maximum (each of a lane's VPL maxima counts the maxima
-    // at or above it, all lanes' values passing by shuffles; the largest with k or more is the k-th largest, 0 when
-    // fewer than k groups matched). Groups below it are not written and their maxima read 0: k other docs of the
-    // tile score more than any of theirs.
-    if (warp == 0) {
-        float v[VPL], t_max = 0.0f, keep = 0.0f;
-        for (int i = 0; i < VPL; ++i) {
-            v[i] = lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f;
-            t_max = fmaxf(t_max, v[i]);
-        }
-        if (k_tile > 0) {
-            int above[VPL];
-            for (int i = 0; i < VPL; ++i) above[i] = 0;
-            for (int src = 0; src < 32; ++src) {
-                for (int j = 0; j < VPL; ++j) {
-                    const float x = __shfl_sync(0xffffffffu, v[j], src);
-                    for (int i = 0; i < VPL; ++i) above[i] += x >= v[i];
-                }
+    // Every warp alike (no second barrier): the tile maximum, and a cut no higher than the k-th largest group maximum:
+    // the k-th largest of the lanes' maxima (each lane holds VPL groups; k lanes reaching it are k groups), by a
+    // bitonic sort across the warp, descending. Groups below it are not written and their maxima read 0: k other
+    // docs of the tile score more than any of theirs. 0 (every matched group kept) when k > 32.
+    float lane_max = 0.0f;
+    for (int i = 0; i < VPL; ++i) lane_max = fmaxf(lane_max, lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f);
+    float t_max = lane_max, keep_from = 0.0f;
+    for (int o = 16; o; o >>= 1) t_max = fmaxf(t_max, __shfl_xor_sync(0xffffffffu, t_max, o));
+    if (k_tile > 0 && k_tile <= 32) {
+        float x = lane_max;
+        for (int size = 2; size <= 32; size <<= 1) {
+            for (int stride = size >> 1; stride; stride >>= 1) {
+                const float y = __shfl_xor_sync(0xffffffffu, x, stride);
+                x = ((lane & stride) == 0) == ((lane & size) == 0) ? fmaxf(x, y) : fminf(x, y);
             }
-            for (int i = 0; i < VPL; ++i)
-                if (above[i] >= k_tile) keep = fmaxf(keep, v[i]);
         }
-        for (int o = 16; o; o >>= 1) {
-            t_max = fmaxf(t_max, __shfl_xor_sync(0xffffffffu, t_max, o));
-            keep = fmaxf(keep, __shfl_xor_sync(0xffffffffu, keep, o));
-        }
-        if (lane == 0) {
-            keep_at = keep;
-            tile_maxima[row * n_tiles + d0 / TILE] = t_max;
-        }
+        keep_from = __shfl_sync(0xffffffffu, x, k_tile - 1);
     }
-    __syncthreads();
-    const float keep_from = keep_at;
+    if (tid == 0) tile_maxima[row * n_tiles + d0 / TILE] = t_max;
     for (int g = tid; g < NG; g += THREADS) {  // the tile's group maxima are adjacent: one coalesced write
         const float m = g_max[g];
         if (d0 / 32 + g < n_groups) maxima[row * n_groups + d0 / 32 + g] = m > 0.0f && m >= keep_from ? m : 0.0f;
