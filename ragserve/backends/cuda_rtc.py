@@ -124,15 +124,40 @@ class CudaKernel:
 
 
 class StreamCopies:
-    """Asynchronous copies between pinned host memory and the device, and waits for a stream, straight through the
+    """Asynchronous copies between pinned host memory and the device, and events to wait for, straight through the
     driver: a few microseconds of Python each where a torch copy costs tens (a single query's latency is mostly
-    such host work). Addresses are ``data_ptr()`` values, streams ``cuda_stream`` handles."""
+    such host work). Addresses are ``data_ptr()`` values, streams ``cuda_stream`` handles. Create it with the
+    device's context current (inside ``torch.cuda.device``)."""
 
     def __init__(self) -> None:
         self._cuda = _driver()
         self._cuda.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         self._cuda.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-        self._cuda.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        self._cuda.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self._cuda.cuEventSynchronize.argtypes = [ctypes.c_void_p]
+        self._events: list[ctypes.c_void_p] = []
+
+    def event(self) -> ctypes.c_void_p:
+        """A new event (no timing); it is destroyed with this object."""
+        ev = ctypes.c_void_p()
+        _check_driver(self._cuda, self._cuda.cuEventCreate(ctypes.byref(ev), 2), "cuEventCreate")  # DISABLE_TIMING
+        self._events.append(ev)
+        return ev
+
+    def record(self, event: ctypes.c_void_p, stream: int) -> None:
+        rc = self._cuda.cuEventRecord(event, stream)
+        if rc:
+            _check_driver(self._cuda, rc, "cuEventRecord")
+
+    def wait_event(self, event: ctypes.c_void_p) -> None:
+        """Until the work before the event's last record is done (at once if it was never recorded)."""
+        rc = self._cuda.cuEventSynchronize(event)
+        if rc:
+            _check_driver(self._cuda, rc, "cuEventSynchronize")
+
+    def __del__(self) -> None:
+        for ev in getattr(self, "_events", ()):
+            self._cuda.cuEventDestroy_v2(ev)
 
     def to_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         rc = self._cuda.cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream)
@@ -143,8 +168,3 @@ class StreamCopies:
         rc = self._cuda.cuMemcpyDtoHAsync_v2(dst, src, nbytes, stream)
         if rc:
             _check_driver(self._cuda, rc, "cuMemcpyDtoHAsync")
-
-    def wait(self, stream: int) -> None:
-        rc = self._cuda.cuStreamSynchronize(stream)
-        if rc:
-            _check_driver(self._cuda, rc, "cuStreamSynchronize")

@@ -201,36 +201,72 @@ class GpuBackend(Backend):
         empty = TopK(np.zeros(0, np.int64), np.zeros(0, np.float32))
         results: list[TopK] = [empty] * len(queries)
         todo = [i for i, q in enumerate(queries) if len(q)]
+        chunks = [todo[c:c + self.plan.rows] for c in range(0, len(todo), self.plan.rows)]
         with self._on_device():
             cache_np, cache = self._cache(k1, b)
             # tf >= 1 and norm <= max_norm bound q below; /4 keeps a margin for the f32 rounding of s.
             min_q = float(cache_np[self._max_norm]) / 4
-            chunks = [todo[c:c + self.plan.rows] for c in range(0, len(todo), self.plan.rows)]
-            nxt = (self._plan_chunk([queries[i] for i in chunks[0]], min_q) if chunks and self._tiles is not None
-                   else None)
-            for n, idx in enumerate(chunks):
-                qs = [queries[i] for i in idx]
-                t0 = time.perf_counter()
-                if self._tiles is not None:
-                    cur = nxt
-                    self._launch_chunk(cur, cache, k)
-                    # The next batch is planned on the host while the device scores this one.
-                    nxt = (self._plan_chunk([queries[i] for i in chunks[n + 1]], min_q) if n + 1 < len(chunks)
-                           else None)
-                else:
-                    acc = self.accumulate(qs, cache, min_q)
-                if times is not None:
-                    self._sync()
-                    t1 = time.perf_counter()
-                tops = (self._tiles.topk(len(qs), k, functools.partial(self._launch_chunk, cur, cache, k))
-                        if self._tiles is not None else select_topk(acc, k, self.topk))
-                if times is not None:
-                    t2 = time.perf_counter()
-                    times.relevancy += t1 - t0
-                    times.topk += t2 - t1
+            batches = [[queries[i] for i in idx] for idx in chunks]
+            run = self._search_tiled if self._tiles is not None else self._search_dense
+            for idx, tops in zip(chunks, run(batches, k, cache, min_q, times)):
                 for i, t in zip(idx, tops):
                     results[i] = t
         return results
+
+    def _search_dense(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
+                      times: KernelTimes | None) -> list[list[TopK]]:
+        out = []
+        for qs in batches:
+            t0 = time.perf_counter()
+            acc = self.accumulate(qs, cache, min_q)
+            if times is not None:
+                self._sync()
+                t1 = time.perf_counter()
+            out.append(select_topk(acc, k, self.topk))
+            if times is not None:
+                times.relevancy += t1 - t0
+                times.topk += time.perf_counter() - t1
+        return out
+
+    def _search_tiled(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
+                      times: KernelTimes | None) -> list[list[TopK]]:
+        """Batches in a pipeline: while the device scores batch n, the host plans batch n + 1 and queues it
+        behind batch n's selection, then ranks batch n's candidates while the device scores batch n + 1."""
+        if not batches:
+            return []
+        t_start = time.perf_counter()
+        timed = times is not None and self._cuda  # device scoring time from events: no synchronisation added
+        scored, host_scoring = [], [0.0]  # (start, end) event pairs of the launches; or their host time
+        tiles, out = self._tiles, []
+
+        def launch(chunk) -> None:
+            t = time.perf_counter()
+            if timed:
+                scored.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                scored[-1][0].record()
+            self._launch_chunk(chunk, cache, k)
+            if timed:
+                scored[-1][1].record()
+            host_scoring[0] += time.perf_counter() - t  # the scoring itself where kernels run on the host
+
+        cur = self._plan_chunk(batches[0], min_q)
+        launch(cur)
+        for n in range(len(batches)):
+            tiles.start_topk(len(batches[n]), k)
+            nxt = None
+            if n + 1 < len(batches):
+                nxt = self._plan_chunk(batches[n + 1], min_q)
+                launch(nxt)  # queued behind this batch's selection
+            tops, rescored = tiles.finish_topk(functools.partial(launch, cur))
+            if rescored and nxt is not None:
+                launch(nxt)  # scoring this batch again overwrote the next one's
+            out.append(tops)
+            cur = nxt
+        if times is not None:  # relevancy: the scoring; topk: the rest (planning, selection, ranking)
+            relevancy = sum(a.elapsed_time(b) for a, b in scored) / 1e3 if timed else host_scoring[0]
+            times.relevancy += relevancy
+            times.topk += max(0.0, time.perf_counter() - t_start - relevancy)
+        return out
 
     def matched_counts(self, queries: list[QueryTerms], k1: float, b: float) -> np.ndarray:
         """Number of documents each query matches (nonzero cells of the dense path's accumulator; one query

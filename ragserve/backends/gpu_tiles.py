@@ -343,7 +343,9 @@ class TileScorer:
         self._table_dev: torch.Tensor | None = None
         self._copies = StreamCopies() if cuda else None
         self._stream = 0  # the caller's current stream, taken at ``begin``
-        self._idle = True  # nothing queued reads the pinned table: the stream was waited for since the last upload
+        self._table_sent = self._copies.event() if cuda else None  # recorded after each plan table's upload
+        self._head_back = self._copies.event() if cuda else None  # recorded after the candidates' read-back
+        self._started: tuple[int, int, int, int] | None = None  # rows, k, capacity, peek of a started top-k
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
         self._kernels = None
         if SCORER == "cuda" and device.type == "cuda" and self.group == 32:
@@ -384,8 +386,7 @@ class TileScorer:
         if self._copies is None:
             return torch.from_numpy(table)
         n = table.size
-        if not self._idle:  # another table of this batch may still be on its way (streamed shards)
-            self._copies.wait(self._stream)
+        self._copies.wait_event(self._table_sent)  # the previous table has left the pinned buffer
         if self._table_host is None or self._table_host.numel() < n:
             size = max(n, 1 << 16, 2 * (0 if self._table_host is None else self._table_host.numel()))
             self._table_host = torch.empty(size, dtype=torch.int64, pin_memory=True)
@@ -393,7 +394,7 @@ class TileScorer:
             self._table_np = self._table_host.numpy()
         self._table_np[:n] = table
         self._copies.to_device(self._table_dev.data_ptr(), self._table_host.data_ptr(), 8 * n, self._stream)
-        self._idle = False
+        self._copies.record(self._table_sent, self._stream)
         return self._table_dev[:n]
 
     def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
@@ -453,35 +454,49 @@ class TileScorer:
         self._dirty = 0
         return found
 
-    def topk(self, rows: int, k: int, rescore: Callable[[], None]) -> list[TopK]:
-        """Top-k of the rows scored since ``begin``, best first (FORMAT.md's ranking rule). When more candidates
-        reach the threshold than there is room for, ``rescore()`` must score the batch again (after ``begin``):
-        the first collect cleared the maxima."""
-        capacity = max(MIN_CAPACITY, CANDIDATES_PER_HIT * k * rows)
+    def start_topk(self, rows: int, k: int) -> None:
+        """Queue the selection of the rows scored since ``begin`` (threshold, collect, the read-back of the count
+        and the first candidates); ``finish_topk`` waits for it. The next batch may be scored in between: the
+        collect has read and cleared what it needs."""
+        self._start(rows, k, max(MIN_CAPACITY, CANDIDATES_PER_HIT * k * rows))
+
+    def _start(self, rows: int, k: int, capacity: int) -> None:
+        found = self._collect(rows, k, capacity)
+        peek = min(capacity, PEEK, (self._head.numel() - 2) // 2)
+        head = self._head[:2 + 2 * peek]
+        if self._copies is not None:  # the count and the first PEEK candidates in one transfer
+            self._copies.to_host(head.data_ptr(), found.data_ptr(), 8 * head.numel(), self._stream)
+            self._copies.record(self._head_back, self._stream)
+        else:
+            head.copy_(found[:head.numel()])
+        self._started = (rows, k, capacity, peek)
+
+    def finish_topk(self, rescore: Callable[[], None]) -> tuple[list[TopK], bool]:
+        """Top-k of the started rows, best first (FORMAT.md's ranking rule), and whether they were scored again:
+        when more candidates reach the threshold than there is room for, ``rescore()`` must score the batch again
+        (after ``begin``; the first collect cleared the maxima, and a batch scored since is overwritten)."""
+        rows, k, capacity, peek = self._started
+        rescored = False
         while True:
-            found = self._collect(rows, k, capacity)
-            # The count and the first PEEK candidates come back in one transfer (one synchronisation).
-            peek = min(capacity, PEEK, (self._head.numel() - 2) // 2)
-            head = self._head[:2 + 2 * peek]
             if self._copies is not None:
-                self._copies.to_host(head.data_ptr(), found.data_ptr(), 8 * head.numel(), self._stream)
-                self._copies.wait(self._stream)
-                self._idle = True
-            else:
-                head.copy_(found[:head.numel()])
-            head_np = head.numpy()
-            total = int(head_np[0])
+                self._copies.wait_event(self._head_back)
+            head = self._head[:2 + 2 * peek].numpy()
+            total = int(head[0])
             if total <= capacity:
                 break
-            capacity = total
             rescore()
+            rescored = True
+            self._start(rows, k, total)
+            rows, k, capacity, peek = self._started
+        self._started = None
+        found = self._found
         if total <= HOST_RANK_MAX:  # few candidates: ranked on the host
-            pairs = head_np if total <= peek else found[:2 + 2 * total].cpu().numpy()
-            return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2], pairs[3:3 + 2 * total:2])
+            pairs = head if total <= peek else found[:2 + 2 * total].cpu().numpy()
+            return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2], pairs[3:3 + 2 * total:2]), rescored
         idx, order = torch.sort(found[2:2 + 2 * total:2])  # collected in no order: (row, doc) ascending first
         score = found[3:3 + 2 * total:2].to(torch.int32).view(torch.float32)
         r = idx // self.num_docs
-        return ranked(rows, k, r, idx - r * self.num_docs, score[order])
+        return ranked(rows, k, r, idx - r * self.num_docs, score[order]), rescored
 
 
 @njit(cache=True, nogil=True)
