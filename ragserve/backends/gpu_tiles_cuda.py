@@ -48,7 +48,7 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
            float* __restrict__ tile_maxima, float* __restrict__ scores, long long num_docs, long long n_groups,
            long long n_tiles, int tf_bits, long long block_size, int k_tile)
 {
-    __shared__ double acc[TILE];
+    __shared__ __align__(16) double acc[TILE];
     __shared__ float g_max[NG];
     __shared__ long long t_first[MAX_TERMS];  // flat path: then minus the term's first flat index
     __shared__ int t_count[MAX_TERMS];
@@ -64,7 +64,7 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     if (d0 >= num_docs) return;
     const unsigned tf_mask = (1u << tf_bits) - 1u;
     const int toff = tile * TILE;
-    for (int i = tid; i < TILE; i += THREADS) acc[i] = 0.0;
+    for (int i = tid; i < TILE / 2; i += THREADS) reinterpret_cast<double2*>(acc)[i] = make_double2(0.0, 0.0);
     long long work = 0;  // the same in every thread: read from shared memory
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
@@ -148,8 +148,18 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     if (work == 0) return;
     // Group maxima: each thread takes CPT consecutive cells (its start rotated by tid: no bank conflicts) and
     // compares in f64; rounding is monotone, so the f32 of the maximum is the maximum of the f32 scores.
+#if CPT >= 2  // 16-byte reads, the 8 threads of a quarter warp on distinct banks; two chains of comparisons
+    double m64 = 0.0, m64b = 0.0;
+    for (int i = 0; i < CPT / 2; ++i) {
+        const double2 v = reinterpret_cast<const double2*>(acc)[tid * (CPT / 2) + (i + tid) % (CPT / 2)];
+        m64 = fmax(m64, v.x);
+        m64b = fmax(m64b, v.y);
+    }
+    m64 = fmax(m64, m64b);
+#else
     double m64 = 0.0;
     for (int i = 0; i < CPT; ++i) m64 = fmax(m64, acc[tid * CPT + (i + tid) % CPT]);
+#endif
     float gm = (float)m64;
     for (int o = 1; o < 32 / CPT; o <<= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
     if (tid % (32 / CPT) == 0) g_max[tid / (32 / CPT)] = gm;
