@@ -11,7 +11,9 @@ shard, concatenated into one arena, and ``norms.u8``). The host turns a batch of
 - ``torch`` (any device, the reference): a dense f64 accumulator of shape [queries, num_docs]; a query whose
   f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go one
   launch each in ascending term id, so every cell sums in the canonical order.
-Shards that do not fit the memory budget stay on the host and are staged per batch.
+Shards that do not fit the memory budget stay on the host and are staged per batch. On the tiled path, batches
+run in a pipeline: the host plans batch n + 1 and queues it behind batch n's selection, then ranks batch n's
+candidates while the device scores batch n + 1.
 
 Nothing global is touched: every tensor lives on the configured device, and kernels run inside
 ``torch.cuda.device(...)`` so a generator can share the GPU (and the current device is restored).

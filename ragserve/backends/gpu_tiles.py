@@ -9,14 +9,20 @@ device traffic is the postings, the norms they touch, and 4 bytes per matched do
 instead of a dense f64 row's 16 bytes per posting and 24 per doc.
 
 Then per query: the threshold is the k-th largest tile maximum (at least k tiles, so at least k docs, reach
-it: a lower bound of the k-th score), and a collect kernel reads only the groups whose maximum reaches it.
+it: a lower bound of the k-th score), and a collect kernel reads only the groups whose maximum reaches it, and
+clears the maxima it read: they are zero at rest, so a batch starts with no zeroing.
 
-On CUDA the scoring kernel is ``gpu_tiles_cuda`` (same inputs, outputs and order; the tile in shared memory,
-2.2x faster), where NVRTC can be loaded; the Triton ``_tile_kernel`` below is the fallback and the version CI runs
-under Triton's interpreter. Either writes scores only for the groups holding one of the tile's k best docs.
+On CUDA the kernels are ``gpu_tiles_cuda``'s (same inputs, outputs and order; the tile in shared memory, 2.2x
+faster; the threshold by radix select), where NVRTC can be loaded; the Triton kernels below (with ``torch.topk``
+for the threshold) are the fallback and the version CI runs under Triton's interpreter. Either writes scores only
+for the groups that can hold one of the tile's k best docs.
 
 Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
 vectorised binary search (``_bounds_kernel``); the scoring kernel then walks contiguous posting ranges.
+
+A single query's latency is mostly host work around a few hundred microseconds of kernels, so the host path is
+lean: one compiled call plans a batch (``plan_queries``), the CUDA kernels launch through reused ctypes argument
+holders, and the plan and the first candidates travel through pinned buffers on the caller's stream.
 """
 from __future__ import annotations
 
@@ -133,7 +139,6 @@ def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: 
     return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
 
 
-
 _sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)
 
 
@@ -177,6 +182,7 @@ def plan_queries(planner: ItemPlanner, queries: list[QueryTerms], pbase: np.ndar
         terms, weights.view(np.int32).astype(np.int64), weights, lens, auto, float(min_q), planner.term_ptr,
         planner.offsets, planner.blk_start, planner.blk_id, pbase.astype(np.int64), n_blocks)
     return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
+
 
 if triton is not None:
 
@@ -303,7 +309,8 @@ if triton is not None:
                     tl.store(found + 3 + 2 * pos, bits, mask=keep)
         tl.store(maxima + row * n_groups + g, tl.zeros([NGB], dtype=tl.float32), mask=(g < n_groups) & (gm != 0.0))
         tt = g0 * GROUP_ // TILE + tl.arange(0, NGB * GROUP_ // TILE)
-        tl.store(tile_maxima + row * n_tiles + tt, tl.zeros([NGB * GROUP_ // TILE], dtype=tl.float32), mask=tt < n_tiles)
+        tl.store(tile_maxima + row * n_tiles + tt, tl.zeros([NGB * GROUP_ // TILE], dtype=tl.float32),
+                 mask=tt < n_tiles)
 
 
 def _programs(device: torch.device) -> int:

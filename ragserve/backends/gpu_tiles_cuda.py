@@ -14,11 +14,13 @@ take a flat path instead: the tile's postings of all terms are numbered end to e
 THREADS-th one, ``UNROLL`` at a time with their loads in flight together, and adds with a shared-memory atomic.
 No barrier separates the terms, so a tile costs a few memory round trips instead of a few per term.
 
-The kernel is latency-bound (each block waits on a chain of memory round trips), so what counts is how many
-blocks a multiprocessor holds: the register budget is set from the shared-memory limit (``min_blocks``), the
-read-out compares each thread's own run of cells in f64, and one warp alone selects the tile's k-th largest group
-maximum while the others wait (one H200 run, 21M docs, a batch of 64 NQ queries: 5.33 ms with 40 registers and
-12 blocks a multiprocessor, 5.79 ms with 56 and 9, 6.14 ms with 64 and 8).
+A block's lifetime is what counts: blocks a multiprocessor holds are bounded by the tile's shared memory, so the
+register budget is set from that limit (``min_blocks``; one H200 run, 21M docs, a batch of 64 NQ queries: 5.33 ms
+with 40 registers and 12 blocks a multiprocessor, 5.79 ms with 56 and 9, 6.14 ms with 64 and 8), the read-out
+compares each thread's own run of cells in f64, and every warp finds the tile's cut itself, with no second barrier.
+
+``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search),
+the k-th largest tile maximum (radix select) and the collect kernel, which also clears the maxima it read.
 """
 from __future__ import annotations
 
