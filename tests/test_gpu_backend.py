@@ -352,3 +352,22 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     assert_parity(g, cpu, queries[:64], 100)
     assert len(launches) > 4
     assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
+
+
+def test_host_ranking_of_candidates():
+    """The tiled path's host ranking: candidates (row * num_docs + doc, score bits) in any order, per row by score
+    descending then doc ascending, cut at k (rows with fewer than k, or none, included)."""
+    from ragserve.backends.gpu_tiles import _rank_host
+
+    rng = np.random.default_rng(7)
+    rows, num_docs, k = 5, 1000, 7
+    row = np.repeat(np.arange(rows), [30, 3, 0, 7, 300])
+    doc = np.concatenate([rng.choice(num_docs, n, replace=False) for n in (30, 3, 0, 7, 300)])
+    score = rng.choice(np.float32([0.5, 1.25, 2.0, 3.5]), row.size)  # many ties
+    perm = rng.permutation(row.size)
+    got = _rank_host(rows, k, num_docs, (row * num_docs + doc)[perm], score[perm].view(np.int32).astype(np.int64))
+    for r in range(rows):
+        sel = row == r
+        order = np.lexsort((doc[sel], -score[sel]))[:k]
+        assert got[r].docids.tolist() == doc[sel][order].tolist()
+        assert got[r].scores.tolist() == score[sel][order].tolist()

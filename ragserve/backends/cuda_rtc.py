@@ -135,7 +135,9 @@ class StreamCopies:
         self._cuda.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
         self._cuda.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self._cuda.cuEventSynchronize.argtypes = [ctypes.c_void_p]
+        self._cuda.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
         self._events: list[ctypes.c_void_p] = []
+        self._streams: list[ctypes.c_void_p] = []
 
     def event(self) -> ctypes.c_void_p:
         """A new event (no timing); it is destroyed with this object."""
@@ -143,6 +145,20 @@ class StreamCopies:
         _check_driver(self._cuda, self._cuda.cuEventCreate(ctypes.byref(ev), 2), "cuEventCreate")  # DISABLE_TIMING
         self._events.append(ev)
         return ev
+
+    def stream(self) -> int:
+        """A new stream that does not wait for the legacy default one (copies beside the kernels); it is destroyed
+        with this object."""
+        st = ctypes.c_void_p()
+        _check_driver(self._cuda, self._cuda.cuStreamCreate(ctypes.byref(st), 1), "cuStreamCreate")  # NON_BLOCKING
+        self._streams.append(st)
+        return st.value
+
+    def after(self, stream: int, event: ctypes.c_void_p) -> None:
+        """Work queued on ``stream`` from now on waits for ``event``'s last record."""
+        rc = self._cuda.cuStreamWaitEvent(stream, event, 0)
+        if rc:
+            _check_driver(self._cuda, rc, "cuStreamWaitEvent")
 
     def record(self, event: ctypes.c_void_p, stream: int) -> None:
         rc = self._cuda.cuEventRecord(event, stream)
@@ -158,6 +174,8 @@ class StreamCopies:
     def __del__(self) -> None:
         for ev in getattr(self, "_events", ()):
             self._cuda.cuEventDestroy_v2(ev)
+        for st in getattr(self, "_streams", ()):
+            self._cuda.cuStreamDestroy_v2(st)
 
     def to_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         rc = self._cuda.cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream)

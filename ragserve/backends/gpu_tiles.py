@@ -53,7 +53,7 @@ GROUP = 32  # docs per group maximum
 CHUNK = 128  # postings per vector step: a term has ~0-1,000 postings in a tile, and idle lanes cost issue slots
 COLLECT_GROUPS = TC.COLLECT_GROUPS  # groups per collect program (most have no group reaching the threshold)
 COLLECT_SUB = 64  # groups read at once where some do
-HOST_RANK_MAX = 1 << 15  # candidates ranked on the host below this (a device sort costs more launches)
+HOST_RANK_MAX = 1 << 20  # candidates ranked on the host up to this (while the device scores the next batch)
 PEEK = 4096  # candidates read back with their count in one transfer; more take a second one
 MIN_CAPACITY = 1 << 16  # candidates the collect kernel may append (grown and rerun when more reach the threshold)
 CANDIDATES_PER_HIT = 4  # and at least this many per hit asked for
@@ -352,6 +352,10 @@ class TileScorer:
         self._stream = 0  # the caller's current stream, taken at ``begin``
         self._table_sent = self._copies.event() if cuda else None  # recorded after each plan table's upload
         self._head_back = self._copies.event() if cuda else None  # recorded after the candidates' read-back
+        # Candidates past the first PEEK come back on a side stream, beside the next batch's scoring.
+        self._side = self._copies.stream() if cuda else 0
+        self._rest_back = self._copies.event() if cuda else None
+        self._rest_host: torch.Tensor | None = None
         self._started: tuple[int, int, int, int] | None = None  # rows, k, capacity, peek of a started top-k
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
         self._kernels = None
@@ -497,13 +501,28 @@ class TileScorer:
             rows, k, capacity, peek = self._started
         self._started = None
         found = self._found
-        if total <= HOST_RANK_MAX:  # few candidates: ranked on the host
-            pairs = head if total <= peek else found[:2 + 2 * total].cpu().numpy()
+        if total <= HOST_RANK_MAX:  # ranked on the host
+            pairs = head if total <= peek else self._read_back(2 + 2 * total)
             return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2], pairs[3:3 + 2 * total:2]), rescored
         idx, order = torch.sort(found[2:2 + 2 * total:2])  # collected in no order: (row, doc) ascending first
         score = found[3:3 + 2 * total:2].to(torch.int32).view(torch.float32)
         r = idx // self.num_docs
         return ranked(rows, k, r, idx - r * self.num_docs, score[order]), rescored
+
+
+    def _read_back(self, n: int) -> np.ndarray:
+        """The first ``n`` words of the collect kernel's output on the host. On CUDA through a side stream that waits
+        only for the collect: the next batch, already queued on the caller's stream, is scored meanwhile."""
+        if self._copies is None:
+            return self._found[:n].cpu().numpy()
+        if self._rest_host is None or self._rest_host.numel() < n:
+            self._rest_host = torch.empty(max(n, 2 * (0 if self._rest_host is None else self._rest_host.numel())),
+                                          dtype=torch.int64, pin_memory=True)
+        self._copies.after(self._side, self._head_back)
+        self._copies.to_host(self._rest_host.data_ptr(), self._found.data_ptr(), 8 * n, self._side)
+        self._copies.record(self._rest_back, self._side)
+        self._copies.wait_event(self._rest_back)
+        return self._rest_host[:n].numpy()
 
 
 @njit(cache=True, nogil=True)
@@ -524,7 +543,10 @@ def _rank_keys(rows: int, k: int, num_docs: int, idx: np.ndarray, bits: np.ndarr
     out = np.empty(idx.size, np.int64)
     bounds = np.zeros(rows + 1, np.int64)
     for r in range(rows):
-        seg = np.sort(keys[counts[r]:counts[r + 1]])[:k]
+        seg = keys[counts[r]:counts[r + 1]]
+        if seg.size > k:  # keys are distinct: the k smallest, then only they sorted
+            seg = np.partition(seg, k - 1)[:k]
+        seg = np.sort(seg)
         out[bounds[r]:bounds[r] + seg.size] = seg
         bounds[r + 1] = bounds[r] + seg.size
     return out[:bounds[rows]], bounds
