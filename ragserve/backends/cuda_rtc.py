@@ -1,7 +1,9 @@
-"""Compile CUDA C at run time (NVRTC) and launch it on torch's current stream (CUDA driver API, via ctypes).
+"""Compile CUDA C at run time (NVRTC) and launch it on torch's current stream (CUDA driver API, via ctypes);
+copies through pinned memory and events straight through the driver (``StreamCopies``).
 
 No CUDA toolkit is needed: torch's CUDA wheels bring libnvrtc and the driver brings libcuda. Used where a kernel
-needs what Triton does not expose (shared memory indexed per thread, block barriers), see ``gpu_tiles_cuda``.
+needs what Triton does not expose (shared memory indexed per thread, block barriers), see ``gpu_tiles_cuda``, and
+where a torch op's tens of microseconds of Python would dominate a single query's latency.
 """
 from __future__ import annotations
 
@@ -171,12 +173,6 @@ class StreamCopies:
         if rc:
             _check_driver(self._cuda, rc, "cuEventSynchronize")
 
-    def __del__(self) -> None:
-        for ev in getattr(self, "_events", ()):
-            self._cuda.cuEventDestroy_v2(ev)
-        for st in getattr(self, "_streams", ()):
-            self._cuda.cuStreamDestroy_v2(st)
-
     def to_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         rc = self._cuda.cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream)
         if rc:
@@ -186,3 +182,9 @@ class StreamCopies:
         rc = self._cuda.cuMemcpyDtoHAsync_v2(dst, src, nbytes, stream)
         if rc:
             _check_driver(self._cuda, rc, "cuMemcpyDtoHAsync")
+
+    def __del__(self) -> None:
+        for ev in getattr(self, "_events", ()):
+            self._cuda.cuEventDestroy_v2(ev)
+        for st in getattr(self, "_streams", ()):
+            self._cuda.cuStreamDestroy_v2(st)
