@@ -120,9 +120,8 @@ class CudaKernel:
         gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         if stream is None:
             stream = torch.cuda.current_stream(self.device).cuda_stream
-        rc = self._cuda.cuLaunchKernel(self._func, gx, gy, 1, block, 1, 1, 0, stream, self._params, None)
-        if rc:
-            _check_driver(self._cuda, rc, "cuLaunchKernel")
+        _check_driver(self._cuda, self._cuda.cuLaunchKernel(self._func, gx, gy, 1, block, 1, 1, 0, stream, self._params,
+                                                            None), "cuLaunchKernel")
 
 
 class StreamCopies:
@@ -158,30 +157,20 @@ class StreamCopies:
 
     def after(self, stream: int, event: ctypes.c_void_p) -> None:
         """Work queued on ``stream`` from now on waits for ``event``'s last record."""
-        rc = self._cuda.cuStreamWaitEvent(stream, event, 0)
-        if rc:
-            _check_driver(self._cuda, rc, "cuStreamWaitEvent")
+        _check_driver(self._cuda, self._cuda.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
 
     def record(self, event: ctypes.c_void_p, stream: int) -> None:
-        rc = self._cuda.cuEventRecord(event, stream)
-        if rc:
-            _check_driver(self._cuda, rc, "cuEventRecord")
+        _check_driver(self._cuda, self._cuda.cuEventRecord(event, stream), "cuEventRecord")
 
     def wait_event(self, event: ctypes.c_void_p) -> None:
         """Until the work before the event's last record is done (at once if it was never recorded)."""
-        rc = self._cuda.cuEventSynchronize(event)
-        if rc:
-            _check_driver(self._cuda, rc, "cuEventSynchronize")
+        _check_driver(self._cuda, self._cuda.cuEventSynchronize(event), "cuEventSynchronize")
 
     def to_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        rc = self._cuda.cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream)
-        if rc:
-            _check_driver(self._cuda, rc, "cuMemcpyHtoDAsync")
+        _check_driver(self._cuda, self._cuda.cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream), "cuMemcpyHtoDAsync")
 
     def to_host(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        rc = self._cuda.cuMemcpyDtoHAsync_v2(dst, src, nbytes, stream)
-        if rc:
-            _check_driver(self._cuda, rc, "cuMemcpyDtoHAsync")
+        _check_driver(self._cuda, self._cuda.cuMemcpyDtoHAsync_v2(dst, src, nbytes, stream), "cuMemcpyDtoHAsync")
 
     def __del__(self) -> None:
         for ev in getattr(self, "_events", ()):

@@ -143,7 +143,7 @@ _sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)
 
 
 @njit(cache=True, nogil=True)
-def _plan_queries(terms, wbits, weights, lens, auto, min_q, term_ptr, offsets, blk_start, blk_id, pbase_shard,
+def _plan_queries(terms, weights, lens, auto, min_q, term_ptr, offsets, blk_start, blk_id, pbase_shard,
                   n_blocks):
     """``ItemPlanner.items`` (per row, term and shard instead of per shard: the same order within a (row, block)
     bucket), the rows' ``sum_is_exact`` flags, then ``_plan``."""
@@ -153,6 +153,7 @@ def _plan_queries(terms, wbits, weights, lens, auto, min_q, term_ptr, offsets, b
     e0, ne, shard = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
     row, wb, pbase = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
     flat = np.zeros(n_rows, np.int64)
+    wbits = weights.view(np.int32)
     m = 0
     at = 0
     for r in range(n_rows):
@@ -179,7 +180,7 @@ def plan_queries(planner: ItemPlanner, queries: list[QueryTerms], pbase: np.ndar
     weights = np.concatenate([q.weights for q in queries]).astype(np.float32)
     lens = np.array([len(q) for q in queries], dtype=np.int64)
     table, n_ent, n_pairs, at, max_count = _plan_queries(
-        terms, weights.view(np.int32).astype(np.int64), weights, lens, auto, float(min_q), planner.term_ptr,
+        terms, weights, lens, auto, float(min_q), planner.term_ptr,
         planner.offsets, planner.blk_start, planner.blk_id, pbase.astype(np.int64), n_blocks)
     return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
 
