@@ -3,6 +3,7 @@ CUDA when present (tests marked ``gpu``); memory planning, staging, bounds and e
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -18,7 +19,6 @@ from ragserve.backends.gpu_plan import MemoryPlanError, plan_memory
 from ragserve import bm25
 from ragserve.searcher import SearchError, Searcher, resolve_backend_name
 from tests.conftest import shared
-from tests.pruning_corpus import QUERIES as PRUNING_QUERIES, Doc, pruning_index
 
 KS = (1, 10, 100, 1000)
 CUDA = torch.cuda.is_available()
@@ -109,7 +109,7 @@ def test_streamed_shards_give_the_same_results(arguana, hotpot):
 
 def test_staging_a_batch_that_needs_every_term_of_a_shard(tmp_path):
     """Staged terms carry one end sentinel each: a query with all of a shard's terms must still fit."""
-    docs = [Doc(f"d{i}", "", ["apple banana", "cherry", "apple", "banana cherry apple"][i % 4]) for i in range(400)]
+    docs = [_Doc(f"d{i}", "", ["apple banana", "cherry", "apple", "banana cherry apple"][i % 4]) for i in range(400)]
     build_index_from_documents(docs, tmp_path / "idx", BuildOptions(block_size=16, bank_bytes=2048, progress=False))
     reader = IndexReader(tmp_path / "idx")
     sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in reader.shards]
@@ -159,9 +159,16 @@ def test_k_bounds_and_empty_results(hotpot):
     assert [(h.docid, h.score) for h in everything] == [(h.docid, h.score) for h in cpu]
 
 
+@dataclass
+class _Doc:
+    id: str
+    title: str
+    text: str
+
+
 def test_ties_break_by_docid_across_k(tmp_path):
     """Many equal scores around the k-th place: ties go to the lower docid, across blocks and shards."""
-    docs = [Doc(f"d{i}", "", ["apple banana", "cherry", "apple", "banana cherry apple"][i % 4]) for i in range(400)]
+    docs = [_Doc(f"d{i}", "", ["apple banana", "cherry", "apple", "banana cherry apple"][i % 4]) for i in range(400)]
     build_index_from_documents(docs, tmp_path / "idx", BuildOptions(block_size=16, bank_bytes=2048, progress=False))
     reader = IndexReader(tmp_path / "idx")
     s = Searcher(reader, backend="cpu")
@@ -242,27 +249,6 @@ def test_cuda_tile_scorers(hotpot, scorer, term_order, monkeypatch):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("scorer", ["cuda", "triton"])
-def test_cuda_pruning_leaves_tiles_out(tmp_path, scorer, monkeypatch):
-    """Both tile scorers return the cpu backend's top-k on a corpus where pruning leaves most tiles out; for one
-    query the CUDA one scores exactly the rare term's 12 tiles (the pilot pass) and no other."""
-    if not triton_available():
-        pytest.skip("triton is not installed")
-    monkeypatch.setattr(gpu_tiles, "SCORER", scorer)
-    reader = pruning_index(tmp_path / "idx")
-    cpu = Searcher(reader, backend="cpu")
-    qs = [cpu.analyze(q) for q in PRUNING_QUERIES]
-    g = GpuBackend(reader, kernel="triton", max_batch=2)
-    assert g.describe()["tile_scorer"] == scorer
-    for k in (1, 5, 100):
-        assert_parity(g, cpu.backend, qs, k, reader.k1, reader.b)
-    if scorer == "cuda":
-        g.search_terms([cpu.analyze("common rare")], 1, reader.k1, reader.b)
-        assert g._tiles._counts.tolist() == [12, 0]
-
-
-@pytest.mark.gpu
-@needs_cuda
 @pytest.mark.parametrize("kernel", ["triton", "torch"])
 def test_cuda_streaming_and_auto(arguana, kernel):
     if kernel == "triton" and not triton_available():
@@ -298,7 +284,6 @@ def test_tile_plan_orders_entries_canonically(hotpot):
     assert n == len(want) > 0 and plan.pairs_at % 2 == 0
     assert t[:n].tolist() == [w[3] for w in want] and t[n:2 * n].tolist() == [w[4] for w in want]
     assert t[2 * n:3 * n].tolist() == [w[5] for w in want] and plan.max_count == max(w[4] for w in want)
-    assert not plan.pruned and np.all(t[3 * n:4 * n].view(np.float64) == np.inf) and not t[4 * n:5 * n].any()
     pairs = t[plan.pairs_at:].reshape(5, plan.n_pairs)
     starts = [j for j in range(n) if j == 0 or want[j][:2] != want[j - 1][:2]]
     assert pairs[2].tolist() == starts and pairs[3].tolist() == starts[1:] + [n]
@@ -320,39 +305,11 @@ def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
     min_q = float(bm25.norm_cache(0.9, 0.4, reader.avgdl)[int(np.asarray(reader.norms).max())]) / 4
     items = planner.items(qs)
     want = plan_tiles(planner, items, pbase[items.shard], n_blocks, g._exact(qs, min_q))
-    k = 10
-    got = plan_queries(planner, qs, pbase, n_blocks, auto, min_q, k)
+    got = plan_queries(planner, qs, pbase, n_blocks, auto, min_q)
     assert (got.n_ent, got.n_pairs, got.pairs_at, got.max_count) == (want.n_ent, want.n_pairs, want.pairs_at,
                                                                      want.max_count)
-    n = got.n_ent
-    pruning = np.r_[3 * n:5 * n]  # the columns only a pruned plan fills
-    assert got.pruned and not want.pruned
-    assert np.array_equal(np.delete(got.table, pruning), np.delete(want.table, pruning))
+    assert np.array_equal(got.table, want.table)
     assert got.table[got.pairs_at + 4 * got.n_pairs:].any() == auto
-    # Each entry's bound and pilot flag are its (query, term)'s: the weights summed in ascending order up to it (with
-    # the 2^-20 margin); pilot on the highest weights until their postings reach PILOT_POSTINGS_PER_HIT * k.
-    bound, pilot = {}, {}
-    for r, q in enumerate(qs):
-        order = sorted(range(len(q)), key=lambda i: float(q.weights[i]))  # stable: ties by position
-        acc, reached = 0.0, 0
-        for i in order:
-            acc += float(q.weights[i])
-            bound[r, int(q.term_ids[i])] = acc * (1 + 2.0 ** -20)
-        for i in reversed(order):
-            if reached >= gpu_tiles.PILOT_POSTINGS_PER_HIT * k:
-                break
-            reached += int(items.n[(items.row == r) & (items.term == q.term_ids[i])].sum())
-            pilot[r, int(q.term_ids[i])] = 1
-    keys = list(zip(items.row.tolist(), items.term.tolist()))
-    bnd = np.array([bound[x] for x in keys]).view(np.int64)
-    pil = np.array([pilot.get(x, 0) for x in keys], dtype=np.int64)
-    flat = np.zeros(len(qs), np.int64)
-    flat[:] = g._exact(qs, min_q)
-    table = gpu_tiles._plan(items.e0, items.ne, items.shard, items.row,
-                            items.w.astype(np.float32).view(np.int32).astype(np.int64), bnd, pil,
-                            pbase[items.shard], planner.offsets, planner.blk_start, planner.blk_id, len(qs), n_blocks,
-                            flat)[0]
-    assert np.array_equal(got.table, table)
 
 
 @pytest.mark.gpu

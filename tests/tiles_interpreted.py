@@ -1,6 +1,5 @@
 """Run by tests/test_gpu_tiles_interpreted.py in a fresh process with TRITON_INTERPRET=1 (Triton reads it when the
-kernels are defined): the tiled gpu path's Triton kernels, interpreted on the CPU, against the cpu backend; and
-that pruning leaves tiles out (``tests/pruning_corpus.py``).
+kernels are defined): the tiled gpu path's Triton kernels, interpreted on the CPU, against the cpu backend.
 
     TRITON_INTERPRET=1 python -m tests.tiles_interpreted HOTPOT_INDEX HOTPOT_JSONL ARGUANA_INDEX ARGUANA_QUERIES
 """
@@ -8,39 +7,18 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
-from pathlib import Path
 
 from indexer.reader import IndexReader
 from ragserve.backends import gpu_tiles
 from ragserve.backends.gpu import GpuBackend
 from ragserve.searcher import Searcher
 from ragserve.topics import read_queries
-from tests.pruning_corpus import QUERIES, pruning_index
 
 
 def mismatches(gpu: GpuBackend, cpu, queries, k: int) -> int:
     got, want = gpu.search_terms(queries, k, 0.9, 0.4), cpu.search_terms(queries, k, 0.9, 0.4)
     assert sum(len(r.docids) for r in got) > 0
     return sum(not a.same_as(b) for a, b in zip(got, want))
-
-
-def count_left_out(g: GpuBackend) -> list[int]:
-    """Record, per pruned second pass, the units with postings and no pilot posting that it leaves out (those a
-    threshold of -inf takes and the pass does not)."""
-    tiles, left_out = g._tiles, []
-    select = tiles._select
-
-    def counting(plan, ent, pairs, bounds, p):
-        units = select(plan, ent, pairs, bounds, p)
-        if p == 1 and plan.pruned:
-            thr = tiles._thr.clone()
-            tiles._thr.fill_(float("-inf"))
-            left_out.append(select(plan, ent, pairs, bounds, p).numel() - units.numel())
-            tiles._thr.copy_(thr)
-        return units
-    tiles._select = counting
-    return left_out
 
 
 def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queries: str) -> int:
@@ -74,16 +52,6 @@ def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queri
     bad["arguana k=10"] = mismatches(g, s.backend, qs, 10)
     gpu_tiles.HOST_RANK_MAX = 0  # the device ranking path
     bad["arguana k=1000, device ranking"] = mismatches(g, s.backend, qs, 1000)
-    with tempfile.TemporaryDirectory() as tmp:
-        reader = pruning_index(Path(tmp) / "idx")
-        s = Searcher(reader, backend="cpu", threads=1)
-        qs = [s.analyze(q) for q in QUERIES]
-        g = GpuBackend(reader, device="cpu", kernel="triton", max_batch=2)
-        left_out = count_left_out(g)
-        for k in (1, 5, 100):
-            bad[f"pruning corpus k={k}"] = mismatches(g, s.backend, qs, k)
-        # The second pass left out tiles whose docs score below the pilot tiles' k-th best.
-        bad["pruning corpus: no tile left out"] = int(sum(left_out) == 0)
     print(json.dumps(bad))
     return 1 if any(bad.values()) else 0
 

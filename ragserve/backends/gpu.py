@@ -251,13 +251,13 @@ class GpuBackend(Backend):
                 scored[-1][1].record()
             host_scoring[0] += time.perf_counter() - t  # the scoring itself where kernels run on the host
 
-        cur = self._plan_chunk(batches[0], min_q, k)
+        cur = self._plan_chunk(batches[0], min_q)
         launch(cur)
         for n in range(len(batches)):
             tiles.start_topk(len(batches[n]), k)
             nxt = None
             if n + 1 < len(batches):
-                nxt = self._plan_chunk(batches[n + 1], min_q, k)
+                nxt = self._plan_chunk(batches[n + 1], min_q)
                 launch(nxt)  # queued behind this batch's selection
             tops, rescored = tiles.finish_topk(functools.partial(launch, cur))
             if rescored and nxt is not None:
@@ -308,14 +308,11 @@ class GpuBackend(Backend):
                        lambda part, pbase, e0: self._launch_all(part, pbase, e0, exact, cache, acc))
         return acc
 
-    def _plan_chunk(self, queries: list[QueryTerms], min_q: float,
-                    k: int) -> tuple[int, T.TilePlan, Items | None, np.ndarray]:
+    def _plan_chunk(self, queries: list[QueryTerms], min_q: float) -> tuple[int, T.TilePlan, Items | None, np.ndarray]:
         """Host work of a batch on the tiled path: the resident shards' plan, with which queries' terms the CUDA
-        kernel may add at once (``_exact``), and the streamed shards' items (planned when staged) and flags. Only
-        a plan of every shard is pruned for the top-``k``."""
+        kernel may add at once (``_exact``), and the streamed shards' items (planned when staged) and flags."""
         if not self.plan.streamed:  # one compiled call from the queries to the plan
-            plan = T.plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto",
-                                  min_q, k)
+            plan = T.plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
             return len(queries), plan, None, np.zeros(0, bool)
         items = self._planner.items(queries)
         flat = self._exact(queries, min_q)

@@ -57,7 +57,6 @@ HOST_RANK_MAX = 1 << 15  # candidates ranked on the host up to this; a device so
 PEEK = 4096  # candidates read back with their count in one transfer; more take a second one
 MIN_CAPACITY = 1 << 16  # candidates the collect kernel may append (grown and rerun when more reach the threshold)
 CANDIDATES_PER_HIT = 4  # and at least this many per hit asked for
-PILOT_POSTINGS_PER_HIT = 8  # a pruned plan's pilot terms hold at least this many postings per hit asked for
 ENTRY_BLOCK = 16  # terms whose tile ranges are read at once
 PROGRAMS_PER_SM = 16
 NUM_WARPS = 4
@@ -73,20 +72,17 @@ def tile_size(block_size: int) -> int:
 class TilePlan:
     """One launch's work, on the host: entries sorted by (row, block, term id), grouped into (row, block) pairs."""
 
-    table: np.ndarray  # int64: start, count, weight bits, bound bits, pilot (n_ent each), [pad],
-    #                         row, blk, i0, i1, flat (n_pairs each)
+    table: np.ndarray  # int64: start, count, weight bits (n_ent each), [pad], row, blk, i0, i1, flat (n_pairs each)
     n_ent: int
     n_pairs: int
     pairs_at: int  # index of the pair columns in ``table`` (16-byte aligned)
     max_count: int  # postings of the longest entry
-    pruned: bool  # entries carry pruning bounds and pilot flags (``_prune_terms``); else bounds are +inf
 
 
 @njit(cache=True, nogil=True)
-def _plan(e0, ne, shard, row, wbits, bnd, pil, pbase, offsets, blk_start, blk_id, n_rows, n_blocks, row_flat):
+def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, n_blocks, row_flat):
     """Counting sort of the items' block entries by (row, block). Within a bucket they keep the items' order,
-    which is ascending term id: a block lies in one shard, and a shard's items of a row come in term order.
-    ``bnd`` and ``pil``: each item's pruning bound (f64 bits) and pilot flag, copied to its entries."""
+    which is ascending term id: a block lies in one shard, and a shard's items of a row come in term order."""
     counts = np.zeros(n_rows * n_blocks + 1, np.int64)
     total = 0
     for i in range(e0.size):
@@ -99,7 +95,7 @@ def _plan(e0, ne, shard, row, wbits, bnd, pil, pbase, offsets, blk_start, blk_id
         if counts[b]:
             n_pairs += 1
         counts[b] += counts[b - 1]
-    at = 5 * total + ((5 * total) & 1)
+    at = 3 * total + ((3 * total) & 1)
     table = np.zeros(at + 5 * n_pairs, np.int64)
     max_count = 0
     fill = counts[:-1].copy()
@@ -113,8 +109,6 @@ def _plan(e0, ne, shard, row, wbits, bnd, pil, pbase, offsets, blk_start, blk_id
             table[j] = pbase[i] + f
             table[total + j] = c
             table[2 * total + j] = wbits[i]
-            table[3 * total + j] = bnd[i]
-            table[4 * total + j] = pil[i]
             max_count = max(max_count, c)
     p = 0
     for b in range(counts.size - 1):
@@ -133,62 +127,33 @@ def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: 
     """Expand work items (query, term, shard; in ``ItemPlanner.items`` order) into their block entries and
     order them for the tile kernel. ``pbase`` is each item's arena offset of its shard's posting 0 (resident or
     staged); ``n_blocks`` the index's number of doc blocks; ``flat`` per row: may the CUDA kernel add its terms
-    at once (its f64 sums are exact in any order, ``bm25.sum_is_exact``; default no). Not pruned: a plan of part
-    of the shards (the streamed path) scores every tile its terms touch."""
+    at once (its f64 sums are exact in any order, ``bm25.sum_is_exact``; default no)."""
     n_rows = int(items.row.max()) + 1 if len(items) else 0
     wbits = items.w.astype(np.float32).view(np.int32).astype(np.int64)
     row_flat = np.zeros(n_rows, np.int64)
     if flat is not None:
         row_flat[:] = flat[:n_rows]
-    bnd = np.full(len(items), np.inf).view(np.int64)
-    table, n_ent, n_pairs, at, max_count = _plan(items.e0, items.ne, items.shard, items.row, wbits, bnd,
-                                                 np.zeros(len(items), np.int64), pbase.astype(np.int64),
-                                                 planner.offsets, planner.blk_start, planner.blk_id, n_rows,
-                                                 n_blocks, row_flat)
-    return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count),
-                    pruned=False)
+    table, n_ent, n_pairs, at, max_count = _plan(items.e0, items.ne, items.shard, items.row, wbits,
+                                                 pbase.astype(np.int64), planner.offsets, planner.blk_start,
+                                                 planner.blk_id, n_rows, n_blocks, row_flat)
+    return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
 
-
-@njit(cache=True, nogil=True)
-def _prune_terms(w, postings, pilot_postings, bound, pilot):
-    """Per term of one query: ``bound``, the f64 sum of the weights of it and every term of lower weight (ascending
-    weight order), raised by 2^-20 relative; and ``pilot``, set on the highest-weight terms until their postings
-    reach ``pilot_postings`` (or on all).
-
-    A term score never exceeds its weight (``w - w / (1 + q)`` rounded, q >= 0), so a doc whose terms all have
-    ``bound < theta`` scores below theta, whatever the summation order and the f32 rounding (the margin covers
-    both); the terms with ``bound < theta`` are a prefix of that order."""
-    order = np.argsort(w, kind="mergesort")
-    acc = 0.0
-    for i in order:
-        acc += np.float64(w[i])
-        bound[i] = acc * (1.0 + 2.0 ** -20)
-    got = 0
-    for j in range(order.size - 1, -1, -1):
-        if got >= pilot_postings:
-            break
-        pilot[order[j]] = 1
-        got += postings[order[j]]
 
 _sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)
 
 
 @njit(cache=True, nogil=True)
-def _plan_queries(terms, weights, lens, auto, min_q, pilot_postings, term_ptr, offsets, blk_start, blk_id,
-                  pbase_shard, n_blocks):
+def _plan_queries(terms, weights, lens, auto, min_q, term_ptr, offsets, blk_start, blk_id, pbase_shard,
+                  n_blocks):
     """``ItemPlanner.items`` (per row, term and shard instead of per shard: the same order within a (row, block)
-    bucket), the rows' ``sum_is_exact`` flags and ``_prune_terms``, then ``_plan``."""
+    bucket), the rows' ``sum_is_exact`` flags, then ``_plan``."""
     n_rows = lens.size
     n_shards = term_ptr.shape[1]
     cap = terms.size * n_shards
     e0, ne, shard = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
     row, wb, pbase = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
-    term_of = np.empty(cap, np.int64)
     flat = np.zeros(n_rows, np.int64)
     wbits = weights.view(np.int32)
-    postings = np.zeros(terms.size, np.int64)
-    bound = np.zeros(terms.size, np.float64)
-    pilot = np.zeros(terms.size, np.int64)
     m = 0
     at = 0
     for r in range(n_rows):
@@ -200,31 +165,24 @@ def _plan_queries(terms, weights, lens, auto, min_q, pilot_postings, term_ptr, o
                 a, b = np.int64(term_ptr[t, sh]), np.int64(term_ptr[t + 1, sh])
                 if b > a:
                     e0[m], ne[m], shard[m], row[m], wb[m], pbase[m] = a, b - a, sh, r, wbits[j], pbase_shard[sh]
-                    term_of[m] = j
-                    postings[j] += np.int64(blk_start[offsets[sh] + b]) - np.int64(blk_start[offsets[sh] + a])
                     m += 1
-        _prune_terms(weights[at:at + lens[r]], postings[at:at + lens[r]], pilot_postings, bound[at:at + lens[r]],
-                     pilot[at:at + lens[r]])
         at += lens[r]
-    bnd = bound.view(np.int64)[term_of[:m]]
-    return _plan(e0[:m], ne[:m], shard[:m], row[:m], wb[:m], bnd, pilot[term_of[:m]], pbase[:m], offsets, blk_start,
-                 blk_id, n_rows, n_blocks, flat)
+    return _plan(e0[:m], ne[:m], shard[:m], row[:m], wb[:m], pbase[:m], offsets, blk_start, blk_id, n_rows, n_blocks,
+                 flat)
 
 
 def plan_queries(planner: ItemPlanner, queries: list[QueryTerms], pbase: np.ndarray, n_blocks: int,
-                 auto: bool, min_q: float, k: int) -> TilePlan:
+                 auto: bool, min_q: float) -> TilePlan:
     """``plan_tiles`` of a batch's items over all shards, straight from the analysed queries in one compiled call
-    (the single-query latency is mostly host work), pruned for a top-``k`` (``_prune_terms``, with pilot terms
-    of ``PILOT_POSTINGS_PER_HIT * k`` postings). ``pbase`` is each shard's arena offset of its posting 0; a row is
-    flagged flat when ``auto`` and ``bm25.sum_is_exact(weights, min_q)``."""
+    (the single-query latency is mostly host work). ``pbase`` is each shard's arena offset of its posting 0;
+    a row is flagged flat when ``auto`` and ``bm25.sum_is_exact(weights, min_q)``."""
     terms = np.concatenate([q.term_ids for q in queries]).astype(np.int64)
     weights = np.concatenate([q.weights for q in queries]).astype(np.float32)
     lens = np.array([len(q) for q in queries], dtype=np.int64)
     table, n_ent, n_pairs, at, max_count = _plan_queries(
-        terms, weights, lens, auto, float(min_q), PILOT_POSTINGS_PER_HIT * k, planner.term_ptr,
+        terms, weights, lens, auto, float(min_q), planner.term_ptr,
         planner.offsets, planner.blk_start, planner.blk_id, pbase.astype(np.int64), n_blocks)
-    return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count),
-                    pruned=True)
+    return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
 
 
 if triton is not None:
@@ -249,11 +207,11 @@ if triton is not None:
         tl.store(bounds + e * TPB + j, lo.to(tl.int32))
 
     @triton.jit(do_not_specialize=["n_ent", "n_pairs", "n_units", "num_docs", "n_groups", "n_tiles", "k_tile"])
-    def _tile_kernel(ent, n_ent, pairs, n_pairs, units, n_units, post, norms, cache, bounds, scratch, maxima,
-                     tile_maxima, scores, num_docs, n_groups, n_tiles, tf_bits, tf_mask, block_size, k_tile,
+    def _tile_kernel(ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, scratch, maxima, tile_maxima,
+                     scores, num_docs, n_groups, n_tiles, tf_bits, tf_mask, block_size, k_tile,
                      TILE: tl.constexpr, TPB: tl.constexpr, GROUP_: tl.constexpr, CHUNK_: tl.constexpr,
                      EB: tl.constexpr):
-        # Unit u (of the selected ones) is (pair u // TPB, tile u % TPB); a tile's terms are added one after the other in ascending
+        # Unit u is (pair u // TPB, tile u % TPB); a tile's terms are added one after the other in ascending
         # term id, the canonical summation order, with plain loads and stores to the program's own scratch.
         NG: tl.constexpr = TILE // GROUP_
         pid = tl.program_id(0)
@@ -263,8 +221,7 @@ if triton is not None:
         cell = gr[:, None] * GROUP_ + tl.arange(0, GROUP_)[None, :]
         lanes = tl.arange(0, CHUNK_)
         eb_lanes = tl.arange(0, EB)
-        for i in range(pid, n_units, nprog):  # persistent: the scratch belongs to this program alone
-            u = tl.load(units + i)
+        for u in range(pid, n_units, nprog):  # persistent: the scratch belongs to this program alone
             pair = u // TPB
             tile = u % TPB
             row = tl.load(pairs + pair)
@@ -402,9 +359,6 @@ class TileScorer:
         self._rest_host: torch.Tensor | None = None
         self._started: tuple[int, int, int, int] | None = None  # rows, k, capacity, peek of a started top-k
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
-        self._units = torch.empty(0, dtype=torch.int32, device=device)  # the units each pass scores (two lists)
-        self._counts = torch.zeros(2, dtype=torch.int32, device=device)  # and their lengths
-        self._rows = 0  # rows of the batch since ``begin``
         self._kernels = None
         if SCORER == "cuda" and device.type == "cuda" and self.group == 32:
             try:
@@ -435,7 +389,7 @@ class TileScorer:
         if self._dirty:
             self.maxima[:self._dirty].zero_()
             self.tile_maxima[:self._dirty].zero_()
-        self._dirty = self._rows = rows
+        self._dirty = rows
         if self._copies is not None:
             self._stream = torch.cuda.current_stream(self.device).cuda_stream
 
@@ -457,89 +411,36 @@ class TileScorer:
 
     def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
         """Score a plan's tiles for a top-``k``: their maxima, and the f32 scores of the groups that matched and
-        hold one of the tile's k best docs. A pruned plan goes in two passes: the tiles of the pilot terms first;
-        their k-th largest tile maximum (``_threshold``) is a lower bound of the k-th score, so the tiles where only
-        terms whose bound is below it have postings are left out of the second pass (``_prune_terms``)."""
+        hold one of the tile's k best docs."""
         k_tile = k if k < self.tile // self.group else 0  # 0: every matched group
         n_ent, n_pairs = plan.n_ent, plan.n_pairs
         if n_ent == 0:
             return
         dev = self._upload(plan.table)
         # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
-        ent, pairs = dev[:5 * n_ent], dev[plan.pairs_at:]
+        ent, pairs = dev[:3 * n_ent], dev[plan.pairs_at:]
         if self._bounds.numel() < n_ent * self.tpb:
             self._bounds = torch.empty(max(n_ent * self.tpb, 2 * self._bounds.numel()), dtype=torch.int32,
                                        device=self.device)
+        bounds = self._bounds
         n_units = n_pairs * self.tpb
-        if n_units >= 1 << 31:
-            raise ValueError(f"{n_units} (query, tile) units in one batch: more than int32 unit ids hold")
-        if self._units.numel() < 2 * n_units:
-            self._units = torch.empty(max(2 * n_units, 2 * self._units.numel()), dtype=torch.int32, device=self.device)
-        bounds, kn = self._bounds, self._kernels
-        if kn is None:
-            self._score_triton(plan, ent, pairs, bounds, post, norms, cache, k, k_tile)
+        kn = self._kernels
+        if kn is not None:
+            kn.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post, bounds,
+                      self.tf_bits, stream=self._stream)
+            kn.scorer(n_units, TC.threads(self.tile), ent, n_ent, pairs, n_pairs, post, norms, cache, bounds,
+                      self.maxima, self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles,
+                      self.tf_bits, self.block_size, k_tile, stream=self._stream)
             return
-        st, counts, units = self._stream, self._counts.data_ptr(), self._units.data_ptr()
-        kn.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post, bounds,
-                  self.tf_bits, counts, stream=st)
-        grid, sel_grid = min(n_units, kn.resident), -(-n_units // TC.SELECT_THREADS)
-        tail = (post, norms, cache, bounds, self.maxima, self.tile_maxima, self.scores, self.num_docs, self.n_groups,
-                self.n_tiles, self.tf_bits, self.block_size, k_tile)
-        for p in (0, 1) if plan.pruned else (1,):
-            u, c = units + 4 * p * n_units, counts + 4 * p
-            kn.select(sel_grid, TC.SELECT_THREADS, ent, n_ent, pairs, n_pairs, bounds, self._thr, p, u, c,
-                      self.num_docs, self.block_size, stream=st)
-            kn.scorer(grid, TC.threads(self.tile), ent, n_ent, pairs, n_pairs, u, c, *tail, stream=st)
-            if p == 0:
-                kn.kth(self._rows, TC.KTH_THREADS, self.tile_maxima, self.n_tiles, k, self._thr, 0, stream=st)
-
-    def _score_triton(self, plan: TilePlan, ent: torch.Tensor, pairs: torch.Tensor, bounds: torch.Tensor,
-                      post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor, k: int, k_tile: int) -> None:
-        """``score`` with the Triton kernels, the units of each pass selected by torch ops."""
-        n_ent, n_pairs = plan.n_ent, plan.n_pairs
         steps = plan.max_count.bit_length() + 1
         _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)
-        for p in (0, 1) if plan.pruned else (1,):
-            units = self._select(plan, ent, pairs, bounds, p)
-            if units.numel():
-                # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
-                _tile_kernel[(min(units.numel(), self.programs),)](
-                    ent, n_ent, pairs, n_pairs, units, units.numel(), post, norms, cache, bounds, self.scratch,
-                    self.maxima, self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles,
-                    self.tf_bits, (1 << self.tf_bits) - 1, self.block_size, k_tile,
-                    TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, EB=ENTRY_BLOCK,
-                    num_warps=NUM_WARPS, enable_fp_fusion=False)
-            if p == 0:
-                self._thr[:self._rows] = self._threshold(self._rows, k)
-
-    def _select(self, plan: TilePlan, ent: torch.Tensor, pairs: torch.Tensor, bounds: torch.Tensor,
-                p: int) -> torch.Tensor:
-        """The CUDA ``select_units`` in torch ops: pass ``p``'s units (pair * TPB + tile), ascending."""
-        n_ent, n_pairs, tpb = plan.n_ent, plan.n_pairs, self.tpb
-        lo = bounds[:n_ent * tpb].view(n_ent, tpb).long()
-        hi = torch.cat([lo[:, 1:], ent[n_ent:2 * n_ent, None]], dim=1)
-        has = hi > lo  # [entry, tile]: the entry has postings in the tile
-        pair_of = torch.repeat_interleave(torch.arange(n_pairs, device=self.device),
-                                          pairs[3 * n_pairs:4 * n_pairs] - pairs[2 * n_pairs:3 * n_pairs])
-
-        def any_per_unit(x: torch.Tensor) -> torch.Tensor:
-            return torch.zeros((n_pairs, tpb), dtype=torch.int32, device=self.device).index_add_(0, pair_of,
-                                                                                                  x.int()) > 0
-        pilot = any_per_unit(has & (ent[4 * n_ent:5 * n_ent] != 0)[:, None])
-        if p == 0:
-            take = pilot
-        else:
-            thr = self._thr[pairs[:n_pairs]][pair_of].double()
-            take = any_per_unit(has & (ent[3 * n_ent:4 * n_ent].view(torch.float64) >= thr)[:, None]) & ~pilot
-        d0 = pairs[n_pairs:2 * n_pairs, None] * self.block_size + torch.arange(tpb, device=self.device) * self.tile
-        return torch.nonzero((take & (d0 < self.num_docs)).view(-1)).view(-1).int()
-
-    def _threshold(self, rows: int, k: int) -> torch.Tensor:
-        """The rows' k-th largest tile maximum (0 when there are no more than k tiles): k tiles hold a doc scoring
-        at least this, a lower bound of the k-th score."""
-        if self.n_tiles <= k:
-            return torch.zeros(rows, dtype=torch.float32, device=self.device)
-        return torch.topk(self.tile_maxima[:rows], k, dim=1, sorted=False).values.amin(dim=1)
+        # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
+        _tile_kernel[(min(n_units, self.programs),)](
+            ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
+            self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
+            (1 << self.tf_bits) - 1, self.block_size, k_tile,
+            TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, EB=ENTRY_BLOCK, num_warps=NUM_WARPS,
+            enable_fp_fusion=False)
 
     def _collect(self, rows: int, k: int, capacity: int) -> torch.Tensor:
         """Candidates of the rows scored since ``begin``: the count at [0], (index, score bits) pairs from [2]. The
@@ -554,7 +455,9 @@ class TileScorer:
                        self.tile_maxima, self._thr, self.num_docs, self.n_groups, self.n_tiles, found, capacity,
                        stream=self._stream)
         else:
-            thr = self._threshold(rows, k)
+            thr = self._thr[:rows]
+            if self.n_tiles > k:
+                thr = torch.topk(self.tile_maxima[:rows], k, dim=1, sorted=False).values.amin(dim=1)
             found[:1].zero_()
             grid = (triton.cdiv(self.n_groups, COLLECT_GROUPS), rows)
             _collect_kernel[grid](self.scores, self.maxima, self.tile_maxima, thr, TINY, self.num_docs,

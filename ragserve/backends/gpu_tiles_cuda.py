@@ -33,7 +33,6 @@ MAX_TERMS = 64  # entries whose ranges sit in shared memory at once (the flat pa
 UNROLL = 4  # postings per thread in flight at once on the flat path
 COLLECT_GROUPS = 1024  # groups a collect block reads (its tiles' maxima cleared with them: a multiple of TILE / 32)
 BOUNDS_THREADS = 256
-SELECT_THREADS = 256
 KTH_THREADS = 1024
 COLLECT_THREADS = 256
 
@@ -46,8 +45,7 @@ static_assert(NG <= THREADS, "one ballot per warp finds its kept groups");
 static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per lane of one warp");
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs,
-           long long n_pairs, const int* __restrict__ units, const int* __restrict__ n_units,
-           const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
+           long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
            const float* __restrict__ cache, const int* __restrict__ bounds, float* __restrict__ maxima,
            float* __restrict__ tile_maxima, float* __restrict__ scores, long long num_docs, long long n_groups,
            long long n_tiles, int tf_bits, long long block_size, int k_tile)
@@ -59,164 +57,160 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     __shared__ float t_w[MAX_TERMS];
     __shared__ int t_end[MAX_TERMS];  // flat path: inclusive prefix sum of the counts
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const long long pair = blockIdx.x / TPB;
+    const int tile = (int)(blockIdx.x % TPB);
+    const long long row = pairs[pair], blk = pairs[n_pairs + pair];
+    const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
+    const bool flat = pairs[4 * n_pairs + pair] != 0;  // its sums are exact in any order (bm25.sum_is_exact)
+    const long long d0 = blk * block_size + (long long)tile * TILE;
+    if (d0 >= num_docs) return;
     const unsigned tf_mask = (1u << tf_bits) - 1u;
-    const int n_list = *n_units;
-    for (int it = blockIdx.x; it < n_list; it += gridDim.x) {  // persistent: the selected units, a grid stride
-        const int u = units[it];
-        const long long pair = u / TPB;
-        const int tile = u % TPB;
-        const long long row = pairs[pair], blk = pairs[n_pairs + pair];
-        const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
-        const bool flat = pairs[4 * n_pairs + pair] != 0;  // its sums are exact in any order (bm25.sum_is_exact)
-        const long long d0 = blk * block_size + (long long)tile * TILE;
-        const int toff = tile * TILE;
-        __syncthreads();  // the previous unit's read-out is done with the tile
-        for (int i = tid; i < TILE / 2; i += THREADS) reinterpret_cast<double2*>(acc)[i] = make_double2(0.0, 0.0);
-        long long work = 0;  // the same in every thread: read from shared memory
-        for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
-            const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
-            __syncthreads();  // the previous terms' ranges are no longer read
-            for (int i = tid; i < ne; i += THREADS) {
-                const long long e = e0 + i;
-                const int lo = bounds[e * TPB + tile];
-                const int hi = tile + 1 < TPB ? bounds[e * TPB + tile + 1] : (int)ent[n_ent + e];
-                t_first[i] = ent[e] + lo;
-                t_count[i] = hi - lo;
-                t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
+    const int toff = tile * TILE;
+    for (int i = tid; i < TILE / 2; i += THREADS) reinterpret_cast<double2*>(acc)[i] = make_double2(0.0, 0.0);
+    long long work = 0;  // the same in every thread: read from shared memory
+    for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
+        const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
+        __syncthreads();  // the previous terms' ranges are no longer read
+        for (int i = tid; i < ne; i += THREADS) {
+            const long long e = e0 + i;
+            const int lo = bounds[e * TPB + tile];
+            const int hi = tile + 1 < TPB ? bounds[e * TPB + tile + 1] : (int)ent[n_ent + e];
+            t_first[i] = ent[e] + lo;
+            t_count[i] = hi - lo;
+            t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
+        }
+        __syncthreads();
+        if (flat) {
+            if (warp == 0) {
+                const int a = 2 * lane < ne ? t_count[2 * lane] : 0, b = 2 * lane + 1 < ne ? t_count[2 * lane + 1] : 0;
+                int incl = a + b;
+                for (int o = 1; o < 32; o <<= 1) {
+                    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += v;
+                }
+                const int before = incl - a - b;
+                if (2 * lane < ne) {
+                    t_end[2 * lane] = before + a;
+                    t_first[2 * lane] -= before;
+                }
+                if (2 * lane + 1 < ne) {
+                    t_end[2 * lane + 1] = incl;
+                    t_first[2 * lane + 1] -= before + a;
+                }
             }
             __syncthreads();
-            if (flat) {
-                if (warp == 0) {
-                    const int a = 2 * lane < ne ? t_count[2 * lane] : 0;
-                    const int b = 2 * lane + 1 < ne ? t_count[2 * lane + 1] : 0;
-                    int incl = a + b;
-                    for (int o = 1; o < 32; o <<= 1) {
-                        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                        if (lane >= o) incl += v;
-                    }
-                    const int before = incl - a - b;
-                    if (2 * lane < ne) {
-                        t_end[2 * lane] = before + a;
-                        t_first[2 * lane] -= before;
-                    }
-                    if (2 * lane + 1 < ne) {
-                        t_end[2 * lane + 1] = incl;
-                        t_first[2 * lane + 1] -= before + a;
+            const int total = t_end[ne - 1];
+            work += total;
+            int t = 0;  // the term of this thread's posting: flat indices only grow
+            for (int j0 = tid; j0 < total; j0 += THREADS * UNROLL) {
+                unsigned p[UNROLL];
+                int term[UNROLL];
+                unsigned char nb[UNROLL];
+#pragma unroll
+                for (int r = 0; r < UNROLL; ++r) {
+                    const int j = j0 + r * THREADS;
+                    if (j < total) {
+                        while (t_end[t] <= j) ++t;
+                        term[r] = t;
+                        p[r] = __ldg(post + t_first[t] + j);
                     }
                 }
-                __syncthreads();
-                const int total = t_end[ne - 1];
-                work += total;
-                int t = 0;  // the term of this thread's posting: flat indices only grow
-                for (int j0 = tid; j0 < total; j0 += THREADS * UNROLL) {
-                    unsigned p[UNROLL];
-                    int term[UNROLL];
-                    unsigned char nb[UNROLL];
-    #pragma unroll
-                    for (int r = 0; r < UNROLL; ++r) {
-                        const int j = j0 + r * THREADS;
-                        if (j < total) {
-                            while (t_end[t] <= j) ++t;
-                            term[r] = t;
-                            p[r] = __ldg(post + t_first[t] + j);
-                        }
-                    }
-    #pragma unroll
-                    for (int r = 0; r < UNROLL; ++r)
-                        if (j0 + r * THREADS < total) nb[r] = __ldg(norms + d0 + ((int)(p[r] >> tf_bits) - toff));
-    #pragma unroll
-                    for (int r = 0; r < UNROLL; ++r) {
-                        if (j0 + r * THREADS < total) {
-                            const float w = t_w[term[r]];
-                            const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));
-                            const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
-                            atomicAdd(&acc[(int)(p[r] >> tf_bits) - toff], (double)s);  // exact: any order
-                        }
+#pragma unroll
+                for (int r = 0; r < UNROLL; ++r)
+                    if (j0 + r * THREADS < total) nb[r] = __ldg(norms + d0 + ((int)(p[r] >> tf_bits) - toff));
+#pragma unroll
+                for (int r = 0; r < UNROLL; ++r) {
+                    if (j0 + r * THREADS < total) {
+                        const float w = t_w[term[r]];
+                        const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));
+                        const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
+                        atomicAdd(&acc[(int)(p[r] >> tf_bits) - toff], (double)s);  // exact: any order
                     }
                 }
-                __syncthreads();  // the adds are done before the read-out or the next terms' ranges
-                continue;
             }
-            for (int t = 0; t < ne; ++t) {  // ascending term id
-                const int n = t_count[t];
-                if (n == 0) continue;
-                work += n;
-                const unsigned* p_t = post + t_first[t];
-                const float w = t_w[t];
-                for (int j = tid; j < n; j += THREADS) {
-                    const unsigned p = __ldg(p_t + j);
-                    const int off = (int)(p >> tf_bits) - toff;
-                    const float q = __fmul_rn((float)(p & tf_mask), __ldg(cache + __ldg(norms + d0 + off)));
-                    const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
-                    acc[off] = __dadd_rn(acc[off], (double)s);
-                }
-                __syncthreads();  // the next term may add to the same cells from other threads
-            }
+            __syncthreads();  // the adds are done before the read-out or the next terms' ranges
+            continue;
         }
-        if (work == 0) continue;
-        // Group maxima: each thread takes CPT consecutive cells (its start rotated by tid: no bank conflicts) and
-        // compares in f64; rounding is monotone, so the f32 of the maximum is the maximum of the f32 scores.
+        for (int t = 0; t < ne; ++t) {  // ascending term id
+            const int n = t_count[t];
+            if (n == 0) continue;
+            work += n;
+            const unsigned* p_t = post + t_first[t];
+            const float w = t_w[t];
+            for (int j = tid; j < n; j += THREADS) {
+                const unsigned p = __ldg(p_t + j);
+                const int off = (int)(p >> tf_bits) - toff;
+                const float q = __fmul_rn((float)(p & tf_mask), __ldg(cache + __ldg(norms + d0 + off)));
+                const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
+                acc[off] = __dadd_rn(acc[off], (double)s);
+            }
+            __syncthreads();  // the next term may add to the same cells from other threads
+        }
+    }
+    if (work == 0) return;
+    // Group maxima: each thread takes CPT consecutive cells (its start rotated by tid: no bank conflicts) and
+    // compares in f64; rounding is monotone, so the f32 of the maximum is the maximum of the f32 scores.
 #if CPT >= 2  // 16-byte reads, the 8 threads of a quarter warp on distinct banks; two chains of comparisons
-        double m64 = 0.0, m64b = 0.0;
-        for (int i = 0; i < CPT / 2; ++i) {
-            const double2 v = reinterpret_cast<const double2*>(acc)[tid * (CPT / 2) + (i + tid) % (CPT / 2)];
-            m64 = fmax(m64, v.x);
-            m64b = fmax(m64b, v.y);
-        }
-        m64 = fmax(m64, m64b);
+    double m64 = 0.0, m64b = 0.0;
+    for (int i = 0; i < CPT / 2; ++i) {
+        const double2 v = reinterpret_cast<const double2*>(acc)[tid * (CPT / 2) + (i + tid) % (CPT / 2)];
+        m64 = fmax(m64, v.x);
+        m64b = fmax(m64b, v.y);
+    }
+    m64 = fmax(m64, m64b);
 #else
-        double m64 = 0.0;
-        for (int i = 0; i < CPT; ++i) m64 = fmax(m64, acc[tid * CPT + (i + tid) % CPT]);
+    double m64 = 0.0;
+    for (int i = 0; i < CPT; ++i) m64 = fmax(m64, acc[tid * CPT + (i + tid) % CPT]);
 #endif
-        float gm = (float)m64;
-        for (int o = 1; o < 32 / CPT; o <<= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
-        if (tid % (32 / CPT) == 0) g_max[tid / (32 / CPT)] = gm;
-        __syncthreads();
-        // Every warp alike (no second barrier): the tile maximum, and a cut no higher than the k-th largest group
-        // maximum: the k-th largest of the lanes' maxima (each lane holds VPL groups; k lanes reaching it are k
-        // groups), by a bitonic sort across the warp, descending. Groups below it are not written and their maxima
-        // read 0: k other docs of the tile score more than any of theirs. 0 (every matched group kept) when k > 32.
-        float lane_max = 0.0f;
-        for (int i = 0; i < VPL; ++i) lane_max = fmaxf(lane_max, lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f);
-        float t_max = lane_max, keep_from = 0.0f;
-        for (int o = 16; o; o >>= 1) t_max = fmaxf(t_max, __shfl_xor_sync(0xffffffffu, t_max, o));
-        if (k_tile > 0 && k_tile <= 32) {
-            float x = lane_max;
-            for (int size = 2; size <= 32; size <<= 1) {
-                for (int stride = size >> 1; stride; stride >>= 1) {
-                    const float y = __shfl_xor_sync(0xffffffffu, x, stride);
-                    x = ((lane & stride) == 0) == ((lane & size) == 0) ? fmaxf(x, y) : fminf(x, y);
-                }
+    float gm = (float)m64;
+    for (int o = 1; o < 32 / CPT; o <<= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
+    if (tid % (32 / CPT) == 0) g_max[tid / (32 / CPT)] = gm;
+    __syncthreads();
+    // Every warp alike (no second barrier): the tile maximum, and a cut no higher than the k-th largest group maximum:
+    // the k-th largest of the lanes' maxima (each lane holds VPL groups; k lanes reaching it are k groups), by a
+    // bitonic sort across the warp, descending. Groups below it are not written and their maxima read 0: k other
+    // docs of the tile score more than any of theirs. 0 (every matched group kept) when k > 32.
+    float lane_max = 0.0f;
+    for (int i = 0; i < VPL; ++i) lane_max = fmaxf(lane_max, lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f);
+    float t_max = lane_max, keep_from = 0.0f;
+    for (int o = 16; o; o >>= 1) t_max = fmaxf(t_max, __shfl_xor_sync(0xffffffffu, t_max, o));
+    if (k_tile > 0 && k_tile <= 32) {
+        float x = lane_max;
+        for (int size = 2; size <= 32; size <<= 1) {
+            for (int stride = size >> 1; stride; stride >>= 1) {
+                const float y = __shfl_xor_sync(0xffffffffu, x, stride);
+                x = ((lane & stride) == 0) == ((lane & size) == 0) ? fmaxf(x, y) : fminf(x, y);
             }
-            keep_from = __shfl_sync(0xffffffffu, x, k_tile - 1);
         }
-        if (tid == 0) tile_maxima[row * n_tiles + d0 / TILE] = t_max;
-        for (int g = tid; g < NG; g += THREADS) {  // the tile's group maxima are adjacent: one coalesced write
-            const float m = g_max[g];
-            if (d0 / 32 + g < n_groups) maxima[row * n_groups + d0 / 32 + g] = m > 0.0f && m >= keep_from ? m : 0.0f;
+        keep_from = __shfl_sync(0xffffffffu, x, k_tile - 1);
+    }
+    if (tid == 0) tile_maxima[row * n_tiles + d0 / TILE] = t_max;
+    for (int g = tid; g < NG; g += THREADS) {  // the tile's group maxima are adjacent: one coalesced write
+        const float m = g_max[g];
+        if (d0 / 32 + g < n_groups) maxima[row * n_groups + d0 / 32 + g] = m > 0.0f && m >= keep_from ? m : 0.0f;
+    }
+    // A kept group's scores: one warp, 128 adjacent bytes; warp w takes groups w, w + NW, ... Under a k-th largest
+    // cut few are kept, and one ballot finds them; with every matched group kept, a loop of fixed length over all of
+    // them keeps its reads in flight together (the ballot's loop would wait on each in turn).
+    if (k_tile > 0) {
+        const int mine = warp + (THREADS / 32) * lane;
+        const float m = mine < NG ? g_max[mine] : 0.0f;
+        for (unsigned kept = __ballot_sync(0xffffffffu, m > 0.0f && m >= keep_from); kept; kept &= kept - 1) {
+            const int g = warp + (THREADS / 32) * (__ffs(kept) - 1);
+            const long long doc = d0 + g * 32 + lane;
+            if (doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
         }
-        // A kept group's scores: one warp, 128 adjacent bytes; warp w takes groups w, w + NW, ... Under a k-th
-        // largest cut few are kept, and one ballot finds them; with every matched group kept, a loop of fixed length
-        // over all of them keeps its reads in flight together (the ballot's loop would wait on each in turn).
-        if (k_tile > 0) {
-            const int mine = warp + (THREADS / 32) * lane;
-            const float m = mine < NG ? g_max[mine] : 0.0f;
-            for (unsigned kept = __ballot_sync(0xffffffffu, m > 0.0f && m >= keep_from); kept; kept &= kept - 1) {
-                const int g = warp + (THREADS / 32) * (__ffs(kept) - 1);
-                const long long doc = d0 + g * 32 + lane;
-                if (doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
-            }
-        } else {
-            for (int g = warp; g < NG; g += THREADS / 32) {
-                const long long doc = d0 + g * 32 + lane;
-                if (g_max[g] > 0.0f && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
-            }
+    } else {
+        for (int g = warp; g < NG; g += THREADS / 32) {
+            const long long doc = d0 + g * 32 + lane;
+            if (g_max[g] > 0.0f && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
         }
     }
 }
 """
 
-SIGNATURE = ["ptr", "i64", "ptr", "i64"] + ["ptr"] * 9 + ["i64", "i64", "i64", "i32", "i64", "i32"]
+SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
+             "i32", "i64", "i32"]
 
 SELECT_SOURCE = r"""
 // The plan's tile ranges and the top-k selection around the scorer: the results of gpu_tiles' Triton kernels and
@@ -224,13 +218,10 @@ SELECT_SOURCE = r"""
 #define FULL 0xffffffffu
 
 // bounds[e * TPB + j] = first posting of entry e whose doc offset in its block is >= j * TILE (binary search).
-// Also resets select_units' two counts.
 extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long long n_ent,
-                                       const unsigned* __restrict__ post, int* __restrict__ bounds, int tf_bits,
-                                       int* __restrict__ counts)
+                                       const unsigned* __restrict__ post, int* __restrict__ bounds, int tf_bits)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i == 0) counts[0] = counts[1] = 0;
     if (i >= n_ent * TPB) return;
     const long long e = i / TPB;
     const unsigned long long target = ((unsigned long long)(i % TPB) * TILE) << tf_bits;
@@ -244,58 +235,9 @@ extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long l
     bounds[i] = (int)lo;
 }
 
-// The units (pair * TPB + tile) a pass scores, appended to units[] and counted in *count: pass 0, those where a
-// pilot entry has postings; pass 1, those where an entry whose bound reaches the row's threshold has postings
-// and no pilot entry has any. In pass 1 a unit whose docs hold only terms below the bound is left out: they all
-// score below the threshold, a lower bound of the k-th score (gpu_tiles._prune_terms).
-extern "C" __global__ void __launch_bounds__(SELECT_THREADS) select_units(const long long* __restrict__ ent,
-    long long n_ent, const long long* __restrict__ pairs, long long n_pairs, const int* __restrict__ bounds,
-    const float* __restrict__ thr, int pass, int* __restrict__ units, int* __restrict__ count, long long num_docs,
-    long long block_size)
-{
-    __shared__ int w_first[SELECT_THREADS / 32];
-    __shared__ int b_first;
-    const long long u = (long long)blockIdx.x * SELECT_THREADS + threadIdx.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    bool take = false;
-    if (u < n_pairs * TPB) {
-        const long long pair = u / TPB;
-        const int tile = (int)(u % TPB);
-        const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
-        if (pairs[n_pairs + pair] * block_size + (long long)tile * TILE < num_docs) {
-            const double t = pass ? (double)thr[pairs[pair]] : 0.0;
-            bool pilot = false, essential = false;
-            for (long long e = i0; e < i1; ++e) {
-                const int lo = bounds[e * TPB + tile];
-                const int hi = tile + 1 < TPB ? bounds[e * TPB + tile + 1] : (int)ent[n_ent + e];
-                if (hi > lo) {
-                    pilot |= ent[4 * n_ent + e] != 0;
-                    essential |= __longlong_as_double(ent[3 * n_ent + e]) >= t;
-                }
-            }
-            take = pass ? essential && !pilot : pilot;
-        }
-    }
-    const unsigned sel = __ballot_sync(FULL, take);  // one atomic a block: warps' counts, then a scan by thread 0
-    if (lane == 0) w_first[warp] = __popc(sel);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int total = 0;
-        for (int w = 0; w < SELECT_THREADS / 32; ++w) {
-            const int c = w_first[w];
-            w_first[w] = total;
-            total += c;
-        }
-        b_first = total ? atomicAdd(count, total) : 0;
-    }
-    __syncthreads();
-    if (take) units[b_first + w_first[warp] + __popc(sel & ((1u << lane) - 1u))] = (int)u;
-}
-
 // thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
 // radix select on their bit patterns (non-negative floats order like unsigned integers): 4 passes of 8 bits, each
-// counting the values that share the digits found so far. Also resets the collect kernel's count (``found`` may
-// be null).
+// counting the values that share the digits found so far. Also resets the collect kernel's count.
 extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const float* __restrict__ tile_maxima,
     long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ found)
 {
@@ -303,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
     __shared__ unsigned s_prefix;
     __shared__ int s_need;
     const int tid = threadIdx.x, lane = tid & 31;
-    if (found && tid == 0 && blockIdx.x == 0) found[0] = 0;
+    if (tid == 0 && blockIdx.x == 0) found[0] = 0;
     if (k > n_tiles) {
         if (tid == 0) thr[blockIdx.x] = 0.0f;
         return;
@@ -397,22 +339,16 @@ def min_blocks(tile: int) -> int:
 
 
 class TileKernels:
-    """The module's kernels for one tile size: ``scorer`` (``SOURCE``), ``bounds``, ``select``, ``kth`` and
-    ``collect`` (``SELECT_SOURCE``); launch the scorer with ``threads(tile)`` threads a block and at most
-    ``resident`` blocks."""
+    """The module's kernels for one tile size: ``scorer`` (``SOURCE``), ``bounds``, ``kth`` and ``collect``
+    (``SELECT_SOURCE``); launch the scorer with ``threads(tile)`` threads a block."""
 
     def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
         defines = {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
                    "MIN_BLOCKS": min_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
-                   "KTH_THREADS": KTH_THREADS, "COLLECT_THREADS": COLLECT_THREADS, "SELECT_THREADS": SELECT_THREADS}
+                   "KTH_THREADS": KTH_THREADS, "COLLECT_THREADS": COLLECT_THREADS}
         module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in defines.items()],
                             device, "bm25_tiles")
         self.scorer = module.kernel("bm25_tiles", SIGNATURE)
-        self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32", "ptr"])
-        self.select = module.kernel("select_units", ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "i32", "ptr", "ptr",
-                                                     "i64", "i64"])
-        # The scorer's grid: as many blocks as the device holds at once, each looping over the selected units.
-        self.resident = (self.scorer.occupancy(threads(tile))[1]
-                         * torch.cuda.get_device_properties(device).multi_processor_count)
+        self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32"])
         self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
         self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64"])
