@@ -30,7 +30,7 @@ from ragserve.backends.cuda_rtc import CudaModule
 
 THREADS = 128  # threads per block: a tile's term has ~0-1,000 postings
 MAX_TERMS = 64  # entries whose ranges sit in shared memory at once (the flat path's prefix sum: 2 per lane)
-UNROLL = 4  # postings per thread in flight at once on the flat path
+UNROLL = 2  # postings per thread in flight at once on the flat path (H200, two runs: 2 beat 4 by 3-10%; 1 and 8 lose)
 COLLECT_GROUPS = 1024  # groups a collect block reads (its tiles' maxima cleared with them: a multiple of TILE / 32)
 BOUNDS_THREADS = 256
 KTH_THREADS = 1024
