@@ -9,9 +9,9 @@ and resident blocks a multiprocessor, parity of the backend's top-k with the cpu
 the scoring stage of one batch timed by CUDA events (plan upload, bounds and scoring kernels; median of
 ``--reps``) at k = 10 (groups cut at the tile's k-th best), at k = 1000 (every matched group kept) and at k = 10
 with every query sent term by term (``term_order="ascending"``). A variant file is a ``gpu_tiles_cuda.py`` of
-another commit: its ``SOURCE`` replaces this checkout's (the launch arguments must be the same). ``--patches FILE``
-adds ablations of this checkout's kernel: FILE maps a name to a list of [old, new] text replacements (timing only:
-a patch that removes work changes the results, and the mismatches say so), e.g.
+another commit: its ``SOURCE`` replaces this checkout's (the launch arguments must be the same). ``--patches FILE
+[FILE ...]`` adds ablations of this checkout's kernel: each FILE maps a name to a list of [old, new] text
+replacements (timing only: a patch that removes work changes the results, and the mismatches say so), e.g.
 ``benchmarks/gpu_h200/kernel_ablations.json``.
 """
 from __future__ import annotations
@@ -60,7 +60,8 @@ def main() -> int:
     ap.add_argument("--reference", type=Path, required=True)
     ap.add_argument("--topics", nargs="+", required=True, metavar="NAME=FILE")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FILE")
-    ap.add_argument("--patches", type=Path, help="JSON: name -> [[old, new], ...] applied to this checkout's kernel")
+    ap.add_argument("--patches", type=Path, nargs="+", default=[],
+                    help="JSON files: name -> [[old, new], ...] applied to this checkout's kernel")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", type=Path)
@@ -79,11 +80,12 @@ def main() -> int:
         sets[name] = [q for q in (cpu.analyze(text) for _, text in rows) if len(q)][:args.batch]
     want = {(n, k): cpu.backend.search_terms(qs, k, K1, B) for n, qs in sets.items() for k in (10, 1000)}
     versions = {"this checkout": TC.SOURCE}
-    for name, pairs in (json.loads(args.patches.read_text()) if args.patches else {}).items():
+    patches = {(f, name): pairs for f in args.patches for name, pairs in json.loads(f.read_text()).items()}
+    for (f, name), pairs in patches.items():
         source = TC.SOURCE
         for before, after in pairs:
             if before not in source:
-                ap.error(f"{args.patches}: patch {name!r}: {before[:60]!r} is not in this checkout's kernel")
+                ap.error(f"{f}: patch {name!r}: {before[:60]!r} is not in this checkout's kernel")
             source = source.replace(before, after)
         versions[name] = source
     for spec in args.variant:
