@@ -78,6 +78,12 @@ class TilePlan:
     pairs_at: int  # index of the pair columns in ``table`` (16-byte aligned)
     max_count: int  # postings of the longest entry
 
+    @staticmethod
+    def of(planned: tuple) -> "TilePlan":
+        """From ``_plan``'s (table, n_ent, n_pairs, pairs_at, max_count)."""
+        table, n_ent, n_pairs, at, max_count = planned
+        return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
+
 
 @njit(cache=True, nogil=True)
 def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, n_blocks, row_flat):
@@ -133,10 +139,8 @@ def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: 
     row_flat = np.zeros(n_rows, np.int64)
     if flat is not None:
         row_flat[:] = flat[:n_rows]
-    table, n_ent, n_pairs, at, max_count = _plan(items.e0, items.ne, items.shard, items.row, wbits,
-                                                 pbase.astype(np.int64), planner.offsets, planner.blk_start,
-                                                 planner.blk_id, n_rows, n_blocks, row_flat)
-    return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
+    return TilePlan.of(_plan(items.e0, items.ne, items.shard, items.row, wbits, pbase.astype(np.int64),
+                             planner.offsets, planner.blk_start, planner.blk_id, n_rows, n_blocks, row_flat))
 
 
 _sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)
@@ -179,10 +183,8 @@ def plan_queries(planner: ItemPlanner, queries: list[QueryTerms], pbase: np.ndar
     terms = np.concatenate([q.term_ids for q in queries]).astype(np.int64)
     weights = np.concatenate([q.weights for q in queries]).astype(np.float32)
     lens = np.array([len(q) for q in queries], dtype=np.int64)
-    table, n_ent, n_pairs, at, max_count = _plan_queries(
-        terms, weights, lens, auto, float(min_q), planner.term_ptr,
-        planner.offsets, planner.blk_start, planner.blk_id, pbase.astype(np.int64), n_blocks)
-    return TilePlan(table=table, n_ent=int(n_ent), n_pairs=int(n_pairs), pairs_at=int(at), max_count=int(max_count))
+    return TilePlan.of(_plan_queries(terms, weights, lens, auto, float(min_q), planner.term_ptr, planner.offsets,
+                                     planner.blk_start, planner.blk_id, pbase.astype(np.int64), n_blocks))
 
 
 if triton is not None:
