@@ -12,7 +12,8 @@ with every query sent term by term (``term_order="ascending"``). A variant file 
 another commit: its ``SOURCE`` replaces this checkout's (the launch arguments must be the same). ``--patches FILE
 [FILE ...]`` adds ablations of this checkout's kernel: each FILE maps a name to a list of [old, new] text
 replacements (timing only: a patch that removes work changes the results, and the mismatches say so), e.g.
-``benchmarks/gpu_h200/kernel_ablations.json``.
+``benchmarks/gpu_h200/kernel_ablations.json``. ``--sample-scales`` times each version at several ``SAMPLE_SCALE``
+values (0: no sample of units, no threshold).
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FILE")
     ap.add_argument("--patches", type=Path, nargs="+", default=[],
                     help="JSON files: name -> [[old, new], ...] applied to this checkout's kernel")
+    ap.add_argument("--sample-scales", type=float, nargs="+", default=[T.SAMPLE_SCALE],
+                    help="gpu_tiles.SAMPLE_SCALE values to time each version at")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", type=Path)
@@ -107,14 +110,17 @@ def main() -> int:
             ap.error("the CUDA C tile scorer did not build here (NVRTC missing?)")
         regs, blocks = g._tiles._kernels.scorer.occupancy(TC.threads(g._tiles.tile))
         res = {"registers": regs, "blocks_per_sm": blocks}
-        for qn, qs in sets.items():
-            for k in (10, 1000):
-                res[f"{qn} mismatches k={k}"] = sum(not a.same_as(b) for a, b in
-                                                    zip(g.search_terms(qs, k, K1, B), want[(qn, k)]))
-            flat, loop = g._plan_chunk(qs, min_q), g._plan_chunk(qs, 0.0)  # min_q 0: nothing provably exact
-            res[f"{qn} ms k=10"] = round(stage_ms(g, flat, cache, 10, args.reps), 3)
-            res[f"{qn} ms k=1000"] = round(stage_ms(g, flat, cache, 1000, args.reps), 3)
-            res[f"{qn} ms k=10 term by term"] = round(stage_ms(g, loop, cache, 10, args.reps), 3)
+        for scale in args.sample_scales:
+            T.SAMPLE_SCALE = scale
+            at = f" sample {scale:g}" if len(args.sample_scales) > 1 else ""
+            for qn, qs in sets.items():
+                for k in (10, 1000):
+                    res[f"{qn} mismatches k={k}{at}"] = sum(not a.same_as(b) for a, b in
+                                                            zip(g.search_terms(qs, k, K1, B), want[(qn, k)]))
+                flat, loop = g._plan_chunk(qs, min_q), g._plan_chunk(qs, 0.0)  # min_q 0: nothing provably exact
+                res[f"{qn} ms k=10{at}"] = round(stage_ms(g, flat, cache, 10, args.reps), 3)
+                res[f"{qn} ms k=1000{at}"] = round(stage_ms(g, flat, cache, 1000, args.reps), 3)
+                res[f"{qn} ms k=10 term by term{at}"] = round(stage_ms(g, loop, cache, 10, args.reps), 3)
         out["versions"][name] = res
         print(name, json.dumps(res), flush=True)
     if args.json:

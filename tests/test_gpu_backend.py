@@ -354,6 +354,49 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("term_order", ["auto", "ascending"])
+def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_path, term_order, monkeypatch):
+    """The CUDA scorer's sample of units and the threshold it sets (tiles below it neither read out nor written):
+    small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k stays the cpu backend's."""
+    from indexer.writer import build_index
+
+    build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,
+                                                                          progress=False))
+    reader = IndexReader(tmp_path / "idx")
+    s = Searcher(reader, backend="cpu", threads=1)
+    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
+        queries = [s.analyze(json.loads(line)["question_text"]) for line in f]
+    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 2.0)
+    monkeypatch.setattr(gpu_tiles, "MIN_SAMPLE_STEP", 2)
+    steps = []
+    step = gpu_tiles.sample_step
+    monkeypatch.setattr(gpu_tiles, "sample_step", lambda *a: (steps.append(step(*a)), steps[-1])[1])
+    g = GpuBackend(reader, kernel="triton", max_batch=32, term_order=term_order)
+    assert g.describe()["tile_scorer"] == "cuda" and g._tiles.n_tiles > 50
+    for k in (1, 10, 100):
+        steps.clear()
+        assert_parity(g, s.backend, queries, k)
+        assert steps and all(steps) if k < 100 else not any(steps)  # 100: too few units a row for a sample
+        if k < 100:
+            assert (g._tiles._theta > 0).any()  # some rows had a threshold to skip tiles by
+    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
+
+
+def test_sample_step(monkeypatch):
+    """Every sqrt(units a row / k)-th unit, odd; none when that is under MIN_SAMPLE_STEP or there is nothing."""
+    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 1.0)
+    assert gpu_tiles.sample_step(64 * 10_000, 64, 10) == 31
+    assert gpu_tiles.sample_step(10_000, 1, 1000) == 0  # sqrt(10) < 4
+    assert gpu_tiles.sample_step(48_000, 1, 1000) == 7  # 6, made odd
+    assert gpu_tiles.sample_step(0, 0, 10) == 0
+    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 2.0)
+    assert gpu_tiles.sample_step(10_000, 1, 1000) == 7
+    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)
+    assert gpu_tiles.sample_step(64 * 10_000, 64, 10) == 0
+
+
 def test_host_ranking_of_candidates():
     """The tiled path's host ranking: candidates (row * num_docs + doc, score bits) in any order, per row by score
     descending then doc ascending, cut at k (rows with fewer than k, or none, included)."""

@@ -50,7 +50,8 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
            long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
            const float* __restrict__ cache, const int* __restrict__ bounds, float* __restrict__ maxima,
            float* __restrict__ tile_maxima, float* __restrict__ scores, long long num_docs, long long n_groups,
-           long long n_tiles, int tf_bits, long long block_size, int k_tile)
+           long long n_tiles, int tf_bits, long long block_size, int k_tile, const float* __restrict__ theta,
+           long long unit_step, long long skip_step)
 {
     __shared__ __align__(16) double acc[TILE];
     __shared__ float g_max[NG];
@@ -58,9 +59,13 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     __shared__ int t_count[MAX_TERMS];
     __shared__ float t_w[MAX_TERMS];
     __shared__ int t_end[MAX_TERMS];  // flat path: inclusive prefix sum of the counts
+    __shared__ float w_max[THREADS / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const long long pair = blockIdx.x / TPB;
-    const int tile = (int)(blockIdx.x % TPB);
+    // The sample launch scores every unit_step-th unit; the main launch all units but those (skip_step).
+    const long long unit = (long long)blockIdx.x * unit_step;  // < 2^31: a grid's blocks
+    if (skip_step > 0 && (unsigned)unit % (unsigned)skip_step == 0) return;
+    const long long pair = unit / TPB;
+    const int tile = (int)(unit % TPB);
     const long long row = pairs[pair], blk = pairs[n_pairs + pair];
     const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
     const bool flat = pairs[4 * n_pairs + pair] != 0;  // its sums are exact in any order (bm25.sum_is_exact)
@@ -76,6 +81,7 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     if (tid < TILE / 2) reinterpret_cast<double2*>(acc)[tid] = make_double2(0.0, 0.0);
 #endif
     long long work = 0;  // the same in every thread: read from shared memory
+    float run = 0.0f;  // the largest sum this thread wrote: scores only grow, so their maximum is the tile's
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
         __syncthreads();  // the previous terms' ranges are no longer read
@@ -132,7 +138,8 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
                         const float w = t_w[term[r]];
                         const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));
                         const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
-                        atomicAdd(&acc[(int)(p[r] >> tf_bits) - toff], (double)s);  // exact: any order
+                        const double old = atomicAdd(&acc[(int)(p[r] >> tf_bits) - toff], (double)s);  // exact
+                        run = fmaxf(run, (float)__dadd_rn(old, (double)s));  // the sum it stored
                     }
                 }
             }
@@ -150,12 +157,25 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
                 const int off = (int)(p >> tf_bits) - toff;
                 const float q = __fmul_rn((float)(p & tf_mask), __ldg(cache + __ldg(norms + d0 + off)));
                 const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
-                acc[off] = __dadd_rn(acc[off], (double)s);
+                const double v = __dadd_rn(acc[off], (double)s);
+                acc[off] = v;
+                run = fmaxf(run, (float)v);
             }
             __syncthreads();  // the next term may add to the same cells from other threads
         }
     }
     if (work == 0) return;
+    // Below the row's threshold (the k-th largest tile maximum of a sample: k docs score at least this) no doc of
+    // the tile can be in the top-k: nothing is read out or written, and its maxima stay zero.
+    const float th = theta[row];
+    if (th > 0.0f) {
+        for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
+        if (lane == 0) w_max[warp] = run;
+        __syncthreads();
+        float t_run = w_max[0];
+        for (int w = 1; w < THREADS / 32; ++w) t_run = fmaxf(t_run, w_max[w]);
+        if (t_run < th) return;
+    }
     // Group maxima: each thread takes CPT consecutive cells (its start rotated by tid: no bank conflicts) and
     // compares their f32 scores: rounding is monotone, so that is the f32 of the maximum (an f64 max takes several
     // instructions, and the kernel is bound by instruction issue: ncu, 77% of issue slots busy).
@@ -178,7 +198,8 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     // Every warp alike (no second barrier): the tile maximum, and a cut no higher than the k-th largest group maximum:
     // the k-th largest of the lanes' maxima (each lane holds VPL groups; k lanes reaching it are k groups), by a
     // bitonic sort across the warp, descending. Groups below it are not written and their maxima read 0: k other
-    // docs of the tile score more than any of theirs. 0 (every matched group kept) when k > 32.
+    // docs of the tile score more than any of theirs. 0 (every matched group kept) when k > 32. Nor are groups below
+    // the row's threshold.
     float lane_max = 0.0f;
     for (int i = 0; i < VPL; ++i) lane_max = fmaxf(lane_max, lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f);
     float t_max = lane_max, keep_from = 0.0f;
@@ -193,6 +214,7 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
         }
         keep_from = __shfl_sync(0xffffffffu, x, k_tile - 1);
     }
+    keep_from = fmaxf(keep_from, th);  // a group below the threshold holds no top-k doc either
     if (tid == 0) tile_maxima[row * n_tiles + d0 / TILE] = t_max;
     for (int g = tid; g < NG; g += THREADS) {  // the tile's group maxima are adjacent: one coalesced write
         const float m = g_max[g];
@@ -212,14 +234,15 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     } else {
         for (int g = warp; g < NG; g += THREADS / 32) {
             const long long doc = d0 + g * 32 + lane;
-            if (g_max[g] > 0.0f && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
+            const float m = g_max[g];
+            if (m > 0.0f && m >= keep_from && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
         }
     }
 }
 """
 
 SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
-             "i32", "i64", "i32"]
+             "i32", "i64", "i32", "ptr", "i64", "i64"]
 
 SELECT_SOURCE = r"""
 // The plan's tile ranges and the top-k selection around the scorer: the results of gpu_tiles' Triton kernels and
@@ -254,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
     __shared__ unsigned s_prefix;
     __shared__ int s_need;
     const int tid = threadIdx.x, lane = tid & 31;
-    if (tid == 0 && blockIdx.x == 0) found[0] = 0;
+    if (found && tid == 0 && blockIdx.x == 0) found[0] = 0;
     if (k > n_tiles) {
         if (tid == 0) thr[blockIdx.x] = 0.0f;
         return;
