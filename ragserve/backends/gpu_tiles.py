@@ -15,7 +15,9 @@ clears the maxima it read: they are zero at rest, so a batch starts with no zero
 On CUDA the kernels are ``gpu_tiles_cuda``'s (same inputs, outputs and order; the tile in shared memory, 2.2x
 faster; the threshold by radix select), where NVRTC can be loaded; the Triton kernels below (with ``torch.topk``
 for the threshold) are the fallback and the version CI runs under Triton's interpreter. Either writes scores only
-for the groups that can hold one of the tile's k best docs.
+for the groups that can hold one of the tile's k best docs. The CUDA scorer first scores a sample of the units
+(``sample_step``): the k-th largest of a row's sampled tile maxima is reached by k docs, so in the launch over all
+units a tile whose maximum falls below it writes nothing (its read-out was a third of the kernel).
 
 Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
 vectorised binary search (``_bounds_kernel``); the scoring kernel then walks contiguous posting ranges.

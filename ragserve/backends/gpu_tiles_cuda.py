@@ -21,6 +21,9 @@ instruction issue (Nsight Compute: 77% of issue slots busy, DRAM 15%), so the re
 compares the f32 scores of its own run of cells, and every warp finds the tile's cut itself, with no second
 barrier.
 
+Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles``) a tile whose maximum, tracked
+from the sums the adds store, falls below it returns before the read-out.
+
 ``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search),
 the k-th largest tile maximum (radix select) and the collect kernel, which also clears the maxima it read.
 """
