@@ -358,8 +358,8 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
 @needs_cuda
 @pytest.mark.parametrize("term_order", ["auto", "ascending"])
 def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_path, term_order, monkeypatch):
-    """The CUDA scorer's sample of units and the threshold it sets (tiles below it neither read out nor written):
-    small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k stays the cpu backend's."""
+    """The CUDA scorer's sample of units and the threshold it sets, the f32 filter and the scoring of the units it
+    lists: small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k stays the cpu backend's."""
     from indexer.writer import build_index
 
     build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,

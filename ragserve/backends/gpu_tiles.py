@@ -16,8 +16,10 @@ On CUDA the kernels are ``gpu_tiles_cuda``'s (same inputs, outputs and order; th
 faster; the threshold by radix select), where NVRTC can be loaded; the Triton kernels below (with ``torch.topk``
 for the threshold) are the fallback and the version CI runs under Triton's interpreter. Either writes scores only
 for the groups that can hold one of the tile's k best docs. The CUDA scorer first scores a sample of the units
-(``sample_step``): the k-th largest of a row's sampled tile maxima is reached by k docs, so in the launch over all
-units a tile whose maximum falls below it writes nothing (its read-out was a third of the kernel).
+(``sample_step``): the k-th largest of a row's sampled tile maxima is reached by k docs. Then an f32 pass over every
+unit (half the shared memory, so more blocks a multiprocessor) bounds each tile's maximum from above and lists the
+units that may reach that threshold; only they are scored in f64 and read out, and a tile among them whose maximum
+falls below it writes nothing.
 
 Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
 vectorised binary search (``_bounds_kernel``); the scoring kernel then walks contiguous posting ranges.
@@ -63,7 +65,8 @@ ENTRY_BLOCK = 16  # terms whose tile ranges are read at once
 PROGRAMS_PER_SM = 16
 NUM_WARPS = 4
 # The CUDA scorer's sample: every S-th unit, S = SAMPLE_SCALE * sqrt(units a row / k); 0: none. H200, 21M docs, 64
-# queries: 1 and 2 alike at k = 10 (scoring -25% MS MARCO, -18% NQ); 2 also samples k = 1000 there (-11%).
+# queries, with the threshold skipping the read-out only: 1 and 2 alike at k = 10 (scoring -25% MS MARCO, -18% NQ);
+# 2 also samples k = 1000 there (-11%).
 SAMPLE_SCALE = 2.0
 MIN_SAMPLE_STEP = 4  # no sample when it would be more than a quarter of the units
 SCORER = "cuda"  # tile scoring kernel on CUDA devices: "cuda" (gpu_tiles_cuda, if NVRTC loads) or "triton"
@@ -369,6 +372,7 @@ class TileScorer:
         self._thr = torch.zeros(max_rows, dtype=torch.float32, device=device)
         self._theta = torch.zeros(max_rows, dtype=torch.float32, device=device)  # the sample's thresholds
         self._no_theta = torch.zeros(max_rows, dtype=torch.float32, device=device)
+        self._listed = torch.zeros(1, dtype=torch.int32, device=device)  # the filter's count and units
         self._found: torch.Tensor | None = None  # the collect kernel's count and (index, score bits) pairs
         cuda = device.type == "cuda"
         self._head = torch.empty(2 + 2 * PEEK, dtype=torch.int64, pin_memory=cuda)
@@ -454,21 +458,24 @@ class TileScorer:
             kn.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post, bounds,
                       self.tf_bits, stream=self._stream)
 
-            def scorer(grid: int, theta: torch.Tensor, unit_step: int, skip_step: int) -> None:
-                kn.scorer(grid, TC.threads(self.tile), ent, n_ent, pairs, n_pairs, post, norms, cache, bounds,
-                          self.maxima, self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles,
-                          self.tf_bits, self.block_size, k_tile, theta, unit_step, skip_step, stream=self._stream)
-
+            threads = TC.threads(self.tile)
+            unit_args = (ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.maxima, self.tile_maxima,
+                         self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits, self.block_size, k_tile)
             step = sample_step(n_units, plan.rows, k)
-            if step:
-                # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs, so
-                # the other units' tiles whose maximum falls below it are neither read out nor written.
-                scorer(-(-n_units // step), self._no_theta, step, 0)
-                kn.kth(plan.rows, TC.KTH_THREADS, self.tile_maxima, self.n_tiles, k, self._theta, 0,
-                       stream=self._stream)
-                scorer(n_units, self._theta, 1, step)
-            else:
-                scorer(n_units, self._no_theta, 1, 0)
+            if not step:
+                kn.scorer(n_units, threads, *unit_args, self._no_theta, 1, stream=self._stream)
+                return
+            # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs. Then an
+            # f32 pass over every unit lists those whose tile may reach it, and only they are scored and read out.
+            kn.scorer(-(-n_units // step), threads, *unit_args, self._no_theta, step, stream=self._stream)
+            kn.kth(plan.rows, TC.KTH_THREADS, self.tile_maxima, self.n_tiles, k, self._theta, 0, stream=self._stream)
+            if self._listed.numel() < 1 + n_units:
+                self._listed = torch.empty(max(1 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
+                                           device=self.device)
+            self._listed[:1].zero_()
+            kn.filter(n_units, threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
+                      self.tf_bits, self.block_size, self._theta, self._listed, stream=self._stream)
+            kn.listed(kn.listed_grid, threads, *unit_args, self._theta, self._listed, stream=self._stream)
             return
         steps = plan.max_count.bit_length() + 1
         _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)

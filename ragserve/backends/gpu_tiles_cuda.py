@@ -22,7 +22,9 @@ compares the f32 scores of its own run of cells, and every warp finds the tile's
 barrier.
 
 Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles``) a tile whose maximum, tracked
-from the sums the adds store, falls below it returns before the read-out.
+from the sums the adds store, falls below it returns before the read-out. ``bm25_filter`` lists the units that may
+reach the threshold by the same adds in f32 (an upper bound, with a margin for its rounding; 32 registers and 16
+blocks a multiprocessor instead of 40 and 12), and ``bm25_listed`` scores the listed ones exactly.
 
 ``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search),
 the k-th largest tile maximum (radix select) and the collect kernel, which also clears the maxima it read.
@@ -48,13 +50,16 @@ SOURCE = r"""
 static_assert(CPT * THREADS == TILE && CPT <= 32 && THREADS % 32 == 0, "THREADS divides TILE into warps");
 static_assert(NG <= THREADS, "one ballot per warp finds its kept groups");
 static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per lane of one warp");
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs,
-           long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
-           const float* __restrict__ cache, const int* __restrict__ bounds, float* __restrict__ maxima,
-           float* __restrict__ tile_maxima, float* __restrict__ scores, long long num_docs, long long n_groups,
-           long long n_tiles, int tf_bits, long long block_size, int k_tile, const float* __restrict__ theta,
-           long long unit_step, long long skip_step)
+#define UNIT_PARAMS const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs, \
+    long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms, \
+    const float* __restrict__ cache, const int* __restrict__ bounds, float* __restrict__ maxima, \
+    float* __restrict__ tile_maxima, float* __restrict__ scores, long long num_docs, long long n_groups, \
+    long long n_tiles, int tf_bits, long long block_size, int k_tile, const float* __restrict__ theta
+#define UNIT_ARGS ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, maxima, tile_maxima, scores, num_docs, \
+    n_groups, n_tiles, tf_bits, block_size, k_tile, theta
+
+// One (query, tile) unit: its f64 sums, and the read-out of the groups that can hold a top-k doc.
+__device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
 {
     __shared__ __align__(16) double acc[TILE];
     __shared__ float g_max[NG];
@@ -64,9 +69,6 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
     __shared__ int t_end[MAX_TERMS];  // flat path: inclusive prefix sum of the counts
     __shared__ float w_max[THREADS / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    // The sample launch scores every unit_step-th unit; the main launch all units but those (skip_step).
-    const long long unit = (long long)blockIdx.x * unit_step;  // < 2^31: a grid's blocks
-    if (skip_step > 0 && (unsigned)unit % (unsigned)skip_step == 0) return;
     const long long pair = unit / TPB;
     const int tile = (int)(unit % TPB);
     const long long row = pairs[pair], blk = pairs[n_pairs + pair];
@@ -242,10 +244,136 @@ bm25_tiles(const long long* __restrict__ ent, long long n_ent, const long long* 
         }
     }
 }
+
+// Every unit_step-th unit (the sample; 1: every unit), one a block.
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_tiles(UNIT_PARAMS, long long unit_step)
+{
+    score_unit((long long)blockIdx.x * unit_step, UNIT_ARGS);
+}
+
+// The units bm25_filter listed (listed[0] of them, from listed[1]), a grid of resident blocks taking turns.
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_listed(UNIT_PARAMS,
+                                                                              const unsigned* __restrict__ listed)
+{
+    const unsigned n = listed[0];
+    for (unsigned i = blockIdx.x; i < n; i += gridDim.x) {
+        __syncthreads();  // the previous unit's shared memory is no longer read
+        score_unit(listed[1 + i], UNIT_ARGS);
+    }
+}
+
+// Which units can hold a doc reaching the row's threshold: the tile's sums in f32 (half the shared memory of the
+// f64 tile, so more blocks a multiprocessor, and native shared-memory atomics), in any order, only to bound its
+// maximum from above; those that may reach it are appended to listed for bm25_listed.
+extern "C" __global__ void __launch_bounds__(THREADS, FILTER_BLOCKS)
+bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs,
+            long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
+            const float* __restrict__ cache, const int* __restrict__ bounds, long long num_docs, int tf_bits,
+            long long block_size, const float* __restrict__ theta, unsigned* __restrict__ listed)
+{
+    __shared__ __align__(16) float acc[TILE];
+    __shared__ long long t_first[MAX_TERMS];  // minus the term's first flat index
+    __shared__ float t_w[MAX_TERMS];
+    __shared__ int t_end[MAX_TERMS];  // inclusive prefix sum of the counts
+    __shared__ float w_max[THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const long long unit = blockIdx.x;
+    const long long pair = unit / TPB;
+    const int tile = (int)(unit % TPB);
+    const long long row = pairs[pair], blk = pairs[n_pairs + pair];
+    const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
+    const long long d0 = blk * block_size + (long long)tile * TILE;
+    if (d0 >= num_docs) return;
+    const unsigned tf_mask = (1u << tf_bits) - 1u;
+    const int toff = tile * TILE;
+    for (int j = tid; j < TILE / 4; j += THREADS) reinterpret_cast<float4*>(acc)[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    int work = 0;
+    float run = 0.0f;  // the largest sum this thread stored
+    for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
+        const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
+        __syncthreads();  // the previous terms' ranges are no longer read, nor their adds running
+        if (warp == 0) {  // lane l: entries 2 l and 2 l + 1, numbered end to end
+            long long first[2];
+            int count[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = 2 * lane + r;
+                count[r] = 0;
+                if (i < ne) {
+                    const long long e = e0 + i;
+                    const int lo = bounds[e * TPB + tile];
+                    const int hi = tile + 1 < TPB ? bounds[e * TPB + tile + 1] : (int)ent[n_ent + e];
+                    first[r] = ent[e] + lo;
+                    count[r] = hi - lo;
+                    t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
+                }
+            }
+            int incl = count[0] + count[1];
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            int before = incl - count[0] - count[1];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = 2 * lane + r;
+                if (i < ne) {
+                    t_first[i] = first[r] - before;
+                    before += count[r];
+                    t_end[i] = before;
+                }
+            }
+        }
+        __syncthreads();
+        const int total = t_end[ne - 1];
+        work += total;
+        int t = 0;
+        for (int j0 = tid; j0 < total; j0 += THREADS * UNROLL) {
+            unsigned p[UNROLL];
+            int term[UNROLL];
+            unsigned char nb[UNROLL];
+#pragma unroll
+            for (int r = 0; r < UNROLL; ++r) {
+                const int j = j0 + r * THREADS;
+                if (j < total) {
+                    while (t_end[t] <= j) ++t;
+                    term[r] = t;
+                    p[r] = __ldg(post + t_first[t] + j);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < UNROLL; ++r)
+                if (j0 + r * THREADS < total) nb[r] = __ldg(norms + d0 + ((int)(p[r] >> tf_bits) - toff));
+#pragma unroll
+            for (int r = 0; r < UNROLL; ++r) {
+                if (j0 + r * THREADS < total) {
+                    const float w = t_w[term[r]];
+                    const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));
+                    const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
+                    run = fmaxf(run, __fadd_rn(atomicAdd(&acc[(int)(p[r] >> tf_bits) - toff], s), s));
+                }
+            }
+        }
+    }
+    if (work == 0) return;
+    for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
+    if (lane == 0) w_max[warp] = run;
+    __syncthreads();
+    if (tid == 0) {
+        float t_run = w_max[0];
+        for (int w = 1; w < THREADS / 32; ++w) t_run = fmaxf(t_run, w_max[w]);
+        // m positive f32 terms summed in f32 are within (m - 1) 2^-24 of their exact sum (m <= 1024 terms here:
+        // 2^-14), and the margin keeps an f32 rounding of a score up to the threshold on the listed side.
+        if (i1 - i0 > 1024 || __fmul_rn(t_run, 1.0f + 0x1p-12f) >= theta[row]) listed[1 + atomicAdd(listed, 1u)] = (unsigned)unit;
+    }
+}
 """
 
-SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
-             "i32", "i64", "i32", "ptr", "i64", "i64"]
+UNIT_SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
+                  "i32", "i64", "i32", "ptr"]
+SIGNATURE = UNIT_SIGNATURE + ["i64"]  # bm25_tiles: and the unit step
+LISTED_SIGNATURE = UNIT_SIGNATURE + ["ptr"]
+FILTER_SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "i64", "i32", "i64", "ptr", "ptr"]
 
 SELECT_SOURCE = r"""
 // The plan's tile ranges and the top-k selection around the scorer: the results of gpu_tiles' Triton kernels and
@@ -373,17 +501,26 @@ def min_blocks(tile: int) -> int:
     return max(1, min(32, 2048 // threads(tile), (228 << 10) // (8 * tile + (3 << 10))))
 
 
+def filter_blocks(tile: int) -> int:
+    """``min_blocks`` of the f32 filter: 4 bytes a cell."""
+    return max(1, min(32, 2048 // threads(tile), (228 << 10) // (4 * tile + (3 << 10))))
+
+
 class TileKernels:
-    """The module's kernels for one tile size: ``scorer`` (``SOURCE``), ``bounds``, ``kth`` and ``collect``
-    (``SELECT_SOURCE``); launch the scorer with ``threads(tile)`` threads a block."""
+    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``, ``kth``
+    and ``collect`` (``SELECT_SOURCE``); launch the first three with ``threads(tile)`` threads a block."""
 
     def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
         defines = {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
-                   "MIN_BLOCKS": min_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
+                   "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
                    "KTH_THREADS": KTH_THREADS, "COLLECT_THREADS": COLLECT_THREADS}
         module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in defines.items()],
                             device, "bm25_tiles")
         self.scorer = module.kernel("bm25_tiles", SIGNATURE)
+        self.filter = module.kernel("bm25_filter", FILTER_SIGNATURE)
+        self.listed = module.kernel("bm25_listed", LISTED_SIGNATURE)
+        # bm25_listed's grid: the blocks that are resident at once
+        self.listed_grid = torch.cuda.get_device_properties(device).multi_processor_count * min_blocks(tile)
         self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32"])
         self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
         self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64"])
