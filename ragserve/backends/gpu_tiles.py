@@ -407,10 +407,13 @@ class TileScorer:
 
     @staticmethod
     def row_bytes(num_docs: int, block_size: int) -> int:
-        """Device bytes per query of a batch: kept f32 scores and group maxima."""
+        """Device bytes per query of a batch: kept f32 scores, group and tile maxima, the CUDA filter's list of
+        units (one entry at most for each tile of each doc block) and the thresholds."""
         group = min(GROUP, tile_size(block_size))
         tile = tile_size(block_size)
-        return 4 * num_docs + 4 * ((num_docs + group - 1) // group) + 4 * ((num_docs + tile - 1) // tile)
+        units = -(-num_docs // block_size) * (block_size // tile)
+        maxima = 4 * ((num_docs + group - 1) // group) + 4 * ((num_docs + tile - 1) // tile)
+        return 4 * num_docs + maxima + 4 * units + 8
 
     def begin(self, rows: int) -> None:
         """Before scoring a batch: clear the maxima an interrupted search left (tiles with no postings leave
@@ -457,7 +460,6 @@ class TileScorer:
         if kn is not None:
             kn.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post, bounds,
                       self.tf_bits, stream=self._stream)
-
             threads = TC.threads(self.tile)
             unit_args = (ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.maxima, self.tile_maxima,
                          self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits, self.block_size, k_tile)

@@ -364,7 +364,8 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
         for (int w = 1; w < THREADS / 32; ++w) t_run = fmaxf(t_run, w_max[w]);
         // m positive f32 terms summed in f32 are within (m - 1) 2^-24 of their exact sum (m <= 1024 terms here:
         // 2^-14), and the margin keeps an f32 rounding of a score up to the threshold on the listed side.
-        if (i1 - i0 > 1024 || __fmul_rn(t_run, 1.0f + 0x1p-12f) >= theta[row]) listed[1 + atomicAdd(listed, 1u)] = (unsigned)unit;
+        if (i1 - i0 > 1024 || __fmul_rn(t_run, 1.0f + 0x1p-12f) >= theta[row])
+            listed[1 + atomicAdd(listed, 1u)] = (unsigned)unit;
     }
 }
 """
@@ -512,7 +513,8 @@ class TileKernels:
 
     def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
         defines = {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
-                   "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
+                   "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile),
+                   "COLLECT_GROUPS": COLLECT_GROUPS,
                    "KTH_THREADS": KTH_THREADS, "COLLECT_THREADS": COLLECT_THREADS}
         module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in defines.items()],
                             device, "bm25_tiles")
