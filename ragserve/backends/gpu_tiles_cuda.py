@@ -50,6 +50,42 @@ SOURCE = r"""
 static_assert(CPT * THREADS == TILE && CPT <= 32 && THREADS % 32 == 0, "THREADS divides TILE into warps");
 static_assert(NG <= THREADS, "one ballot per warp finds its kept groups");
 static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per lane of one warp");
+// The flat path's adds: postings j = tid, tid + THREADS, ... of the tile's terms numbered end to end (t_end: the
+// inclusive prefix sum of their counts; t_first: a term's first posting minus its first flat index), UNROLL at a
+// time with their loads in flight together; run keeps the largest sum stored. ADD(cell, s) adds s to a cell and
+// returns the f32 of the sum it stored. A macro, not a function: the f64 scorer and the f32 filter compile to the
+// same code as when each spelled it out (a function taking the shared arrays by pointer did not).
+#define FLAT_ADDS(ADD)                                                                                          \
+    {                                                                                                           \
+        int t = 0; /* the term of this thread's posting: flat indices only grow */                              \
+        for (int j0 = tid; j0 < total; j0 += THREADS * UNROLL) {                                                \
+            unsigned p[UNROLL];                                                                                 \
+            int term[UNROLL];                                                                                   \
+            unsigned char nb[UNROLL];                                                                           \
+            _Pragma("unroll") for (int r = 0; r < UNROLL; ++r) {                                                \
+                const int j = j0 + r * THREADS;                                                                 \
+                if (j < total) {                                                                                \
+                    while (t_end[t] <= j) ++t;                                                                  \
+                    term[r] = t;                                                                                \
+                    p[r] = __ldg(post + t_first[t] + j);                                                        \
+                }                                                                                               \
+            }                                                                                                   \
+            _Pragma("unroll") for (int r = 0; r < UNROLL; ++r)                                                  \
+                if (j0 + r * THREADS < total) nb[r] = __ldg(norms + d0 + ((int)(p[r] >> tf_bits) - toff));      \
+            _Pragma("unroll") for (int r = 0; r < UNROLL; ++r) {                                                \
+                if (j0 + r * THREADS < total) {                                                                 \
+                    const float w = t_w[term[r]];                                                               \
+                    const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));                   \
+                    const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));                             \
+                    run = fmaxf(run, ADD(&acc[(int)(p[r] >> tf_bits) - toff], s));                              \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+// f64: exact on the flat path (its sums are exact in any order); f32: the filter's bound.
+#define ADD_F64(cell, s) (float)__dadd_rn(atomicAdd(cell, (double)(s)), (double)(s))
+#define ADD_F32(cell, s) __fadd_rn(atomicAdd(cell, s), s)
+
 #define UNIT_PARAMS const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs, \
     long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms, \
     const float* __restrict__ cache, const int* __restrict__ bounds, float* __restrict__ maxima, \
@@ -120,34 +156,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
             __syncthreads();
             const int total = t_end[ne - 1];
             work += total;
-            int t = 0;  // the term of this thread's posting: flat indices only grow
-            for (int j0 = tid; j0 < total; j0 += THREADS * UNROLL) {
-                unsigned p[UNROLL];
-                int term[UNROLL];
-                unsigned char nb[UNROLL];
-#pragma unroll
-                for (int r = 0; r < UNROLL; ++r) {
-                    const int j = j0 + r * THREADS;
-                    if (j < total) {
-                        while (t_end[t] <= j) ++t;
-                        term[r] = t;
-                        p[r] = __ldg(post + t_first[t] + j);
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < UNROLL; ++r)
-                    if (j0 + r * THREADS < total) nb[r] = __ldg(norms + d0 + ((int)(p[r] >> tf_bits) - toff));
-#pragma unroll
-                for (int r = 0; r < UNROLL; ++r) {
-                    if (j0 + r * THREADS < total) {
-                        const float w = t_w[term[r]];
-                        const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));
-                        const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
-                        const double old = atomicAdd(&acc[(int)(p[r] >> tf_bits) - toff], (double)s);  // exact
-                        run = fmaxf(run, (float)__dadd_rn(old, (double)s));  // the sum it stored
-                    }
-                }
-            }
+            FLAT_ADDS(ADD_F64)
             __syncthreads();  // the adds are done before the read-out or the next terms' ranges
             continue;
         }
@@ -327,33 +336,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
         __syncthreads();
         const int total = t_end[ne - 1];
         work += total;
-        int t = 0;
-        for (int j0 = tid; j0 < total; j0 += THREADS * UNROLL) {
-            unsigned p[UNROLL];
-            int term[UNROLL];
-            unsigned char nb[UNROLL];
-#pragma unroll
-            for (int r = 0; r < UNROLL; ++r) {
-                const int j = j0 + r * THREADS;
-                if (j < total) {
-                    while (t_end[t] <= j) ++t;
-                    term[r] = t;
-                    p[r] = __ldg(post + t_first[t] + j);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < UNROLL; ++r)
-                if (j0 + r * THREADS < total) nb[r] = __ldg(norms + d0 + ((int)(p[r] >> tf_bits) - toff));
-#pragma unroll
-            for (int r = 0; r < UNROLL; ++r) {
-                if (j0 + r * THREADS < total) {
-                    const float w = t_w[term[r]];
-                    const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));
-                    const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
-                    run = fmaxf(run, __fadd_rn(atomicAdd(&acc[(int)(p[r] >> tf_bits) - toff], s), s));
-                }
-            }
-        }
+        FLAT_ADDS(ADD_F32)
     }
     if (work == 0) return;
     for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
