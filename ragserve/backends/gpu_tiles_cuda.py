@@ -490,16 +490,20 @@ def filter_blocks(tile: int) -> int:
     return max(1, min(32, 2048 // threads(tile), (228 << 10) // (4 * tile + (3 << 10))))
 
 
+def defines(tile: int, tpb: int) -> dict[str, int]:
+    """The module's compile-time constants for ``tile``-doc tiles, ``tpb`` of them a doc block."""
+    return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
+            "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
+            "KTH_THREADS": KTH_THREADS, "COLLECT_THREADS": COLLECT_THREADS}
+
+
 class TileKernels:
     """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``, ``kth``
     and ``collect`` (``SELECT_SOURCE``); launch the first three with ``threads(tile)`` threads a block."""
 
     def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
-        defines = {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
-                   "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile),
-                   "COLLECT_GROUPS": COLLECT_GROUPS,
-                   "KTH_THREADS": KTH_THREADS, "COLLECT_THREADS": COLLECT_THREADS}
-        module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in defines.items()],
+        module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in
+                                                                      defines(tile, tpb).items()],
                             device, "bm25_tiles")
         self.scorer = module.kernel("bm25_tiles", SIGNATURE)
         self.filter = module.kernel("bm25_filter", FILTER_SIGNATURE)
