@@ -357,9 +357,13 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("term_order", ["auto", "ascending"])
-def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_path, term_order, monkeypatch):
-    """The CUDA scorer's sample of units and the threshold it sets, the f32 filter and the scoring of the units it
-    lists: small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k stays the cpu backend's."""
+@pytest.mark.parametrize("ratio", [1, 1000])
+def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_path, term_order, ratio,
+                                                   monkeypatch):
+    """The CUDA scorer's sample of units and the threshold it sets, then either the f32 filter and the scoring of
+    the units it lists (FILTER_RATIO 1: wherever k <= the units sampled a row) or every unit scored with the tiles
+    below it not read out (1000): small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k
+    stays the cpu backend's."""
     from indexer.writer import build_index
 
     build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,
@@ -370,11 +374,16 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
         queries = [s.analyze(json.loads(line)["question_text"]) for line in f]
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 2.0)
     monkeypatch.setattr(gpu_tiles, "MIN_SAMPLE_STEP", 2)
+    monkeypatch.setattr(gpu_tiles, "FILTER_RATIO", ratio)
     steps = []
     step = gpu_tiles.sample_step
     monkeypatch.setattr(gpu_tiles, "sample_step", lambda *a: (steps.append(step(*a)), steps[-1])[1])
     g = GpuBackend(reader, kernel="triton", max_batch=32, term_order=term_order)
     assert g.describe()["tile_scorer"] == "cuda" and g._tiles.n_tiles > 50
+    filtered = []
+    kn = g._tiles._kernels
+    run_filter = kn.filter
+    monkeypatch.setattr(kn, "filter", lambda *a, **kw: (filtered.append(1), run_filter(*a, **kw)))
     for k in (1, 10, 100):
         steps.clear()
         assert_parity(g, s.backend, queries, k)
@@ -382,6 +391,7 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
         if k < 100:
             assert (g._tiles._theta > 0).any()  # some rows had a threshold to skip tiles by
     assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
+    assert bool(filtered) == (ratio == 1)
 
 
 def test_sample_step(monkeypatch):

@@ -254,10 +254,13 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     }
 }
 
-// Every unit_step-th unit (the sample; 1: every unit), one a block.
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_tiles(UNIT_PARAMS, long long unit_step)
+// Every unit_step-th unit (the sample; 1: every unit but every skip_step-th, those of a sample), one a block.
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_tiles(UNIT_PARAMS, long long unit_step,
+                                                                             long long skip_step)
 {
-    score_unit((long long)blockIdx.x * unit_step, UNIT_ARGS);
+    const long long unit = (long long)blockIdx.x * unit_step;  // < 2^31: a grid's blocks
+    if (skip_step > 0 && (unsigned)unit % (unsigned)skip_step == 0) return;
+    score_unit(unit, UNIT_ARGS);
 }
 
 // The units bm25_filter listed (listed[0] of them, from listed[1]), a grid of resident blocks taking turns.
@@ -355,7 +358,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
 
 UNIT_SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
                   "i32", "i64", "i32", "ptr"]
-SIGNATURE = UNIT_SIGNATURE + ["i64"]  # bm25_tiles: and the unit step
+SIGNATURE = UNIT_SIGNATURE + ["i64", "i64"]  # bm25_tiles: and the unit and skip steps
 LISTED_SIGNATURE = UNIT_SIGNATURE + ["ptr"]
 FILTER_SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "i64", "i32", "i64", "ptr", "ptr"]
 
