@@ -315,25 +315,29 @@ def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_kth_largest_kernel():
-    """The radix-select threshold kernel returns torch.topk's k-th largest value (ties, zeros, k = n, k > n: 0)."""
+    """The radix-select threshold kernel returns torch.topk's k-th largest value (ties, zeros, mostly zeros, k = n,
+    k > n: 0), with a row in registers (n <= KTH_REG * KTH_THREADS) or partly read again each pass; it clears the
+    8-byte count it is given."""
     from ragserve.backends import gpu_tiles_cuda as TC
 
     dev = torch.device("cuda")
     kn = TC.TileKernels(2048, 128, dev)
     gen = torch.Generator(device="cpu").manual_seed(3)
-    n = 49_153
-    rows = torch.rand((5, n), generator=gen).to(dev)
-    rows[1] = torch.round(rows[1] * 50) / 50  # heavy ties
-    rows[2, ::3] = 0.0  # unmatched tiles
-    rows[3] = 0.0
-    rows[4, :100] = torch.tensor(np.float32(np.logspace(-40, 30, 100)), device=dev)  # subnormals to large
-    thr = torch.empty(5, dtype=torch.float32, device=dev)
-    found = torch.ones(4, dtype=torch.int64, device=dev)
-    for k in (1, 2, 10, 1000, 10_000, n, n + 1):
-        kn.kth(5, TC.KTH_THREADS, rows, n, k, thr, found)
-        want = (torch.topk(rows, k, dim=1).values.amin(dim=1) if k <= n else torch.zeros(5, device=dev))
-        assert torch.equal(thr, want), k
-        assert int(found[0]) == 0
+    for n in (49_153, 10_254):
+        rows = torch.rand((6, n), generator=gen).to(dev)
+        rows[1] = torch.round(rows[1] * 50) / 50  # heavy ties
+        rows[2, ::3] = 0.0  # unmatched tiles
+        rows[3] = 0.0
+        rows[4, :100] = torch.tensor(np.float32(np.logspace(-40, 30, 100)), device=dev)  # subnormals to large
+        rows[5, torch.rand(n, generator=gen).to(dev) > 0.02] = 0.0  # a sample's: ~2% of the tiles nonzero
+        thr = torch.empty(6, dtype=torch.float32, device=dev)
+        count = torch.ones(4, dtype=torch.int32, device=dev)
+        for k in (1, 2, 10, 150, 1000, 10_000, n, n + 1):
+            kn.kth(6, TC.KTH_THREADS, rows, n, k, thr, count)
+            want = (torch.topk(rows, k, dim=1).values.amin(dim=1) if k <= n else torch.zeros(6, device=dev))
+            assert torch.equal(thr, want), (n, k)
+            assert count.tolist() == [0, 0, 1, 1]
+            count.fill_(1)
 
 
 @pytest.mark.gpu
@@ -374,6 +378,7 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
         queries = [s.analyze(json.loads(line)["question_text"]) for line in f]
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 2.0)
     monkeypatch.setattr(gpu_tiles, "MIN_SAMPLE_STEP", 2)
+    monkeypatch.setattr(gpu_tiles, "SAMPLE_MIN_UNITS", 0)
     monkeypatch.setattr(gpu_tiles, "FILTER_RATIO", ratio)
     steps = []
     step = gpu_tiles.sample_step
@@ -383,10 +388,12 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
     filtered = []
     kn = g._tiles._kernels
     run_filter = kn.filter
-    monkeypatch.setattr(kn, "filter", lambda *a, **kw: (filtered.append(1), run_filter(*a, **kw)))
+    monkeypatch.setattr(kn, "filter", lambda *a, **kw: (filtered.append(a[0]), run_filter(*a, **kw)))
     for k in (1, 10, 100):
         steps.clear()
         assert_parity(g, s.backend, queries, k)
+        if filtered:  # the sample's kth_largest cleared the list's count before the last batch's filter
+            assert 0 < int(g._tiles._listed[0]) <= filtered[-1]
         assert steps and all(steps) if k < 100 else not any(steps)  # 100: too few units a row for a sample
         if k < 100:
             assert (g._tiles._theta > 0).any()  # some rows had a threshold to skip tiles by
@@ -395,8 +402,12 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
 
 
 def test_sample_step(monkeypatch):
-    """Every sqrt(units a row / k)-th unit, odd; none when that is under MIN_SAMPLE_STEP or there is nothing."""
+    """Every sqrt(units a row / k)-th unit, odd; none when that is under MIN_SAMPLE_STEP, for fewer units than
+    SAMPLE_MIN_UNITS, or when there is nothing."""
+    monkeypatch.setattr(gpu_tiles, "SAMPLE_MIN_UNITS", 10_000)
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 1.0)
+    assert gpu_tiles.sample_step(9_999, 1, 10) == 0
+    assert gpu_tiles.sample_step(10_000, 1, 10) == 31
     assert gpu_tiles.sample_step(64 * 10_000, 64, 10) == 31
     assert gpu_tiles.sample_step(10_000, 1, 1000) == 0  # sqrt(10) < 4
     assert gpu_tiles.sample_step(48_000, 1, 1000) == 7  # 6, made odd

@@ -58,7 +58,8 @@ CHUNK = 128  # postings per vector step: a term has ~0-1,000 postings in a tile,
 COLLECT_GROUPS = TC.COLLECT_GROUPS  # groups per collect program (most have no group reaching the threshold)
 COLLECT_SUB = 64  # groups read at once where some do
 HOST_RANK_MAX = 1 << 15  # candidates ranked on the host up to this; a device sort beyond (1 << 20 measured slower)
-PEEK = 4096  # candidates read back with their count in one transfer; more take a second one
+PEEK = 4096  # candidates read back with their count in one transfer, at most; more take a second one
+PEEK_PER_HIT, PEEK_MIN = 2, 256  # and no more than this many per hit asked for (H200: 4,096 took 2.5 us a query)
 MIN_CAPACITY = 1 << 16  # candidates the collect kernel may append (grown and rerun when more reach the threshold)
 CANDIDATES_PER_HIT = 4  # and at least this many per hit asked for
 ENTRY_BLOCK = 16  # terms whose tile ranges are read at once
@@ -69,6 +70,9 @@ NUM_WARPS = 4
 # 2 also samples k = 1000 there (-11%).
 SAMPLE_SCALE = 2.0
 MIN_SAMPLE_STEP = 4  # no sample when it would be more than a quarter of the units
+# Nor for fewer units than this (H200, 21M docs, one query, about 10,400 units: no sample 8-10% faster at k = 10 and
+# 1000; its launches cost more host time than it saves on the device).
+SAMPLE_MIN_UNITS = 16384
 # The f32 filter and a scoring of the units it lists, where at most 1 / FILTER_RATIO of the units are expected to
 # reach the sample's threshold (H200, 21M docs, 64 queries, k = 10: scoring -15%, about 6% listed; where nearly all
 # are, the filter's pass is added work: k = 1000 +50%).
@@ -337,8 +341,9 @@ if triton is not None:
 def sample_step(n_units: int, rows: int, k: int) -> int:
     """Every how many units the CUDA scorer's sample takes (0: no sample). With m of a row's u units sampled, a
     fraction of about k / m of the others reach the sample's threshold and are read out; m + u * k / m is least at
-    m = sqrt(u * k), a step of sqrt(u / k). Odd, so it meets every tile of a block (their number is a power of two)."""
-    if rows == 0 or SAMPLE_SCALE <= 0:
+    m = sqrt(u * k), a step of sqrt(u / k). Odd, so it meets every tile of a block (their number is a power of two).
+    None under ``SAMPLE_MIN_UNITS`` units."""
+    if rows == 0 or SAMPLE_SCALE <= 0 or n_units < SAMPLE_MIN_UNITS:
         return 0
     step = int(SAMPLE_SCALE * (n_units / rows / k) ** 0.5)
     return step | 1 if step >= MIN_SAMPLE_STEP else 0
@@ -376,10 +381,11 @@ class TileScorer:
         self._thr = torch.zeros(max_rows, dtype=torch.float32, device=device)
         self._theta = torch.zeros(max_rows, dtype=torch.float32, device=device)  # the sample's thresholds
         self._no_theta = torch.zeros(max_rows, dtype=torch.float32, device=device)
-        self._listed = torch.zeros(1, dtype=torch.int32, device=device)  # the filter's count and units
+        self._listed = torch.zeros(2, dtype=torch.int32, device=device)  # the filter's count and units
         self._found: torch.Tensor | None = None  # the collect kernel's count and (index, score bits) pairs
         cuda = device.type == "cuda"
         self._head = torch.empty(2 + 2 * PEEK, dtype=torch.int64, pin_memory=cuda)
+        self._head_np = self._head.numpy()
         self._table_host: torch.Tensor | None = None  # pinned staging of the plan tables
         self._table_dev: torch.Tensor | None = None
         self._copies = StreamCopies() if cuda else None
@@ -412,12 +418,12 @@ class TileScorer:
     @staticmethod
     def row_bytes(num_docs: int, block_size: int) -> int:
         """Device bytes per query of a batch: kept f32 scores, group and tile maxima, the CUDA filter's list of
-        units (one entry at most for each tile of each doc block) and the thresholds."""
+        units (one entry at most for each tile of each doc block, and its 8-byte count) and three f32 thresholds."""
         group = min(GROUP, tile_size(block_size))
         tile = tile_size(block_size)
         units = -(-num_docs // block_size) * (block_size // tile)
         maxima = 4 * ((num_docs + group - 1) // group) + 4 * ((num_docs + tile - 1) // tile)
-        return 4 * num_docs + maxima + 4 * units + 8
+        return 4 * num_docs + maxima + 4 * (units + 2) + 12
 
     def begin(self, rows: int) -> None:
         """Before scoring a batch: clear the maxima an interrupted search left (tiles with no postings leave
@@ -430,7 +436,8 @@ class TileScorer:
             self._stream = torch.cuda.current_stream(self.device).cuda_stream
 
     def _upload(self, table: np.ndarray) -> torch.Tensor:
-        """The plan table on the device, through a pinned buffer (an asynchronous copy)."""
+        """The plan table on the device (its first ``table.size`` words), through a pinned buffer (an asynchronous
+        copy)."""
         if self._copies is None:
             return torch.from_numpy(table)
         n = table.size
@@ -443,7 +450,7 @@ class TileScorer:
         self._table_np[:n] = table
         self._copies.to_device(self._table_dev.data_ptr(), self._table_host.data_ptr(), 8 * n, self._stream)
         self._copies.record(self._table_sent, self._stream)
-        return self._table_dev[:n]
+        return self._table_dev  # its first n words
 
     def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
         """Score a plan's tiles for a top-``k``: their maxima, and the f32 scores of the groups that matched and
@@ -453,8 +460,6 @@ class TileScorer:
         if n_ent == 0:
             return
         dev = self._upload(plan.table)
-        # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
-        ent, pairs = dev[:3 * n_ent], dev[plan.pairs_at:]
         if self._bounds.numel() < n_ent * self.tpb:
             self._bounds = torch.empty(max(n_ent * self.tpb, 2 * self._bounds.numel()), dtype=torch.int32,
                                        device=self.device)
@@ -462,32 +467,42 @@ class TileScorer:
         n_units = n_pairs * self.tpb
         kn = self._kernels
         if kn is not None:
+            # Addresses, not tensors or views: a slice, or finding a tensor's pointer at launch, costs microseconds
+            # of host time, and a single query waits on them.
+            ent, pairs = dev.data_ptr(), dev.data_ptr() + 8 * plan.pairs_at
+            post, norms, cache, bounds = post.data_ptr(), norms.data_ptr(), cache.data_ptr(), bounds.data_ptr()
+            theta, listed, tile_maxima = self._theta.data_ptr(), self._listed.data_ptr(), self.tile_maxima.data_ptr()
             kn.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post, bounds,
                       self.tf_bits, stream=self._stream)
             threads = TC.threads(self.tile)
-            unit_args = (ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.maxima, self.tile_maxima,
-                         self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits, self.block_size, k_tile)
+            unit_args = (ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.maxima.data_ptr(), tile_maxima,
+                         self.scores.data_ptr(), self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
+                         self.block_size, k_tile)
             step = sample_step(n_units, plan.rows, k)
             if not step:
-                kn.scorer(n_units, threads, *unit_args, self._no_theta, 1, 0, stream=self._stream)
+                kn.scorer(n_units, threads, *unit_args, self._no_theta.data_ptr(), 1, 0, stream=self._stream)
                 return
-            # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs.
-            kn.scorer(-(-n_units // step), threads, *unit_args, self._no_theta, step, 0, stream=self._stream)
-            kn.kth(plan.rows, TC.KTH_THREADS, self.tile_maxima, self.n_tiles, k, self._theta, 0, stream=self._stream)
-            if FILTER_RATIO * k > n_units // plan.rows // step:
-                # Many tiles reach it (k / m of them, m sampled a row): the other units are scored, and those below
-                # it skip their read-out.
-                kn.scorer(n_units, threads, *unit_args, self._theta, 1, step, stream=self._stream)
-                return
-            # Few: an f32 pass over every unit lists those whose tile may reach it, and only they are scored.
-            if self._listed.numel() < 1 + n_units:
-                self._listed = torch.empty(max(1 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
+            # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs. Few tiles
+            # reach it (k / m of them, m sampled a row): an f32 pass over every unit lists those whose tile may, and
+            # only they are scored. Many: every other unit is scored, and those below it skip their read-out.
+            filtered = FILTER_RATIO * k <= n_units // plan.rows // step
+            if filtered and self._listed.numel() < 2 + n_units:  # [0]: the count (8 bytes cleared by kth)
+                self._listed = torch.empty(max(2 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
                                            device=self.device)
-            self._listed[:1].zero_()
+                listed = self._listed.data_ptr()
+            kn.scorer(-(-n_units // step), threads, *unit_args, self._no_theta.data_ptr(), step, 0,
+                      stream=self._stream)
+            kn.kth(plan.rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed if filtered else 0,
+                   stream=self._stream)
+            if not filtered:
+                kn.scorer(n_units, threads, *unit_args, theta, 1, step, stream=self._stream)
+                return
             kn.filter(n_units, threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
-                      self.tf_bits, self.block_size, self._theta, self._listed, stream=self._stream)
-            kn.listed(kn.listed_grid, threads, *unit_args, self._theta, self._listed, stream=self._stream)
+                      self.tf_bits, self.block_size, theta, listed, stream=self._stream)
+            kn.listed(kn.listed_grid, threads, *unit_args, theta, listed, stream=self._stream)
             return
+        # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
+        ent, pairs = dev[:3 * n_ent], dev[plan.pairs_at:]
         steps = plan.max_count.bit_length() + 1
         _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)
         # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
@@ -506,10 +521,11 @@ class TileScorer:
             self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
         found, kn = self._found, self._kernels
         if kn is not None:
-            kn.kth(rows, TC.KTH_THREADS, self.tile_maxima, self.n_tiles, k, self._thr, found, stream=self._stream)
-            kn.collect((-(-self.n_groups // COLLECT_GROUPS), rows), TC.COLLECT_THREADS, self.scores, self.maxima,
-                       self.tile_maxima, self._thr, self.num_docs, self.n_groups, self.n_tiles, found, capacity,
-                       stream=self._stream)
+            tile_maxima, thr, out = self.tile_maxima.data_ptr(), self._thr.data_ptr(), found.data_ptr()
+            kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, thr, out, stream=self._stream)
+            kn.collect((-(-self.n_groups // COLLECT_GROUPS), rows), TC.COLLECT_THREADS, self.scores.data_ptr(),
+                       self.maxima.data_ptr(), tile_maxima, thr, self.num_docs, self.n_groups, self.n_tiles, out,
+                       capacity, stream=self._stream)
         else:
             thr = self._thr[:rows]
             if self.n_tiles > k:
@@ -530,13 +546,13 @@ class TileScorer:
 
     def _start(self, rows: int, k: int, capacity: int) -> None:
         found = self._collect(rows, k, capacity)
-        peek = min(capacity, PEEK, (self._head.numel() - 2) // 2)
-        head = self._head[:2 + 2 * peek]
-        if self._copies is not None:  # the count and the first PEEK candidates in one transfer
-            self._copies.to_host(head.data_ptr(), found.data_ptr(), 8 * head.numel(), self._stream)
+        # About k a row reach the threshold (more at large k, where the tiles' maxima bound it loosely).
+        peek = min(capacity, PEEK, max(PEEK_MIN, PEEK_PER_HIT * k * rows))
+        if self._copies is not None:  # the count and the first peek candidates in one transfer
+            self._copies.to_host(self._head.data_ptr(), found.data_ptr(), 8 * (2 + 2 * peek), self._stream)
             self._copies.record(self._head_back, self._stream)
         else:
-            head.copy_(found[:head.numel()])
+            self._head[:2 + 2 * peek].copy_(found[:2 + 2 * peek])
         self._started = (rows, k, capacity, peek)
 
     def finish_topk(self, rescore: Callable[[], None]) -> tuple[list[TopK], bool]:
@@ -548,7 +564,7 @@ class TileScorer:
         while True:
             if self._copies is not None:
                 self._copies.wait_event(self._head_back)
-            head = self._head[:2 + 2 * peek].numpy()
+            head = self._head_np[:2 + 2 * peek]
             total = int(head[0])
             if total <= capacity:
                 break

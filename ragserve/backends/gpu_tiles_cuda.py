@@ -41,6 +41,7 @@ UNROLL = 2  # postings per thread in flight at once on the flat path (H200, two 
 COLLECT_GROUPS = 1024  # groups a collect block reads (its tiles' maxima cleared with them: a multiple of TILE / 32)
 BOUNDS_THREADS = 256
 KTH_THREADS = 1024
+KTH_REG = 16  # tile maxima a kth_largest thread keeps in registers: all of a row up to 16,384 tiles (33M docs)
 COLLECT_THREADS = 256
 
 SOURCE = r"""
@@ -387,28 +388,40 @@ extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long l
 
 // thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
 // radix select on their bit patterns (non-negative floats order like unsigned integers): 4 passes of 8 bits, each
-// counting the values that share the digits found so far. Also resets the collect kernel's count.
+// counting the values that share the digits found so far. A thread keeps its first KTH_REG values in registers (one
+// read for all passes). Zeros are not counted (most tiles of a sample, or below its threshold, are zero: one
+// shared-memory counter would take them all): fewer than need nonzero values under the prefix make the answer 0.
+// Also clears the 8-byte count at count (the collect kernel's, or the head of the filter's list).
 extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const float* __restrict__ tile_maxima,
-    long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ found)
+    long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ count)
 {
     __shared__ unsigned hist[256];
     __shared__ unsigned s_prefix;
     __shared__ int s_need;
     const int tid = threadIdx.x, lane = tid & 31;
-    if (found && tid == 0 && blockIdx.x == 0) found[0] = 0;
+    if (count && tid == 0 && blockIdx.x == 0) count[0] = 0;
     if (k > n_tiles) {
         if (tid == 0) thr[blockIdx.x] = 0.0f;
         return;
     }
     const float* x = tile_maxima + blockIdx.x * n_tiles;
+    unsigned v[KTH_REG];
+#pragma unroll
+    for (int j = 0; j < KTH_REG; ++j) {
+        const long long i = tid + (long long)j * KTH_THREADS;
+        v[j] = i < n_tiles ? __float_as_uint(x[i]) : 0u;
+    }
     unsigned prefix = 0, mask = 0;
-    int need = k;  // the k-th largest is the need-th largest of the values under the prefix
+    int need = k;  // the k-th largest is the need-th largest of the values under the prefix; 0: it is 0
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += KTH_THREADS) hist[i] = 0;
         __syncthreads();
-        for (long long i = tid; i < n_tiles; i += KTH_THREADS) {
-            const unsigned v = __float_as_uint(x[i]);
-            if ((v & mask) == prefix) atomicAdd(&hist[(v >> shift) & 255u], 1u);
+#pragma unroll
+        for (int j = 0; j < KTH_REG; ++j)
+            if (v[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> shift) & 255u], 1u);
+        for (long long i = tid + (long long)KTH_REG * KTH_THREADS; i < n_tiles; i += KTH_THREADS) {
+            const unsigned u = __float_as_uint(x[i]);
+            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
         }
         __syncthreads();
         if (tid < 32) {  // lane l holds digits 255 - 8l down to 248 - 8l; counts from the top by a scan over lanes
@@ -419,11 +432,13 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
             }
             unsigned incl = sum;
             for (int o = 1; o < 32; o <<= 1) {
-                const unsigned v = __shfl_up_sync(FULL, incl, o);
-                if (lane >= o) incl += v;
+                const unsigned up = __shfl_up_sync(FULL, incl, o);
+                if (lane >= o) incl += up;
             }
             const unsigned hit = __ballot_sync(FULL, incl >= (unsigned)need);
-            if (lane == __ffs(hit) - 1) {
+            if (hit == 0) {
+                if (lane == 0) s_need = 0;
+            } else if (lane == __ffs(hit) - 1) {
                 unsigned above = incl - sum;
                 int j = 0;
                 while (above + c[j] < (unsigned)need) above += c[j++];
@@ -433,10 +448,11 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
         }
         __syncthreads();
         need = s_need;
+        if (need == 0) break;
         prefix = s_prefix;
         mask |= 255u << shift;
     }
-    if (tid == 0) thr[blockIdx.x] = __uint_as_float(prefix);
+    if (tid == 0) thr[blockIdx.x] = need == 0 ? 0.0f : __uint_as_float(prefix);
 }
 
 // Append (row * num_docs + doc, score bits) of the docs scoring >= the row's threshold (at least the smallest
@@ -497,7 +513,7 @@ def defines(tile: int, tpb: int) -> dict[str, int]:
     """The module's compile-time constants for ``tile``-doc tiles, ``tpb`` of them a doc block."""
     return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
             "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
-            "KTH_THREADS": KTH_THREADS, "COLLECT_THREADS": COLLECT_THREADS}
+            "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS}
 
 
 class TileKernels:
