@@ -70,8 +70,8 @@ NUM_WARPS = 4
 # 2 also samples k = 1000 there (-11%).
 SAMPLE_SCALE = 2.0
 MIN_SAMPLE_STEP = 4  # no sample when it would be more than a quarter of the units
-# Nor for fewer units than this (H200, 21M docs, one query, about 10,400 units: no sample 8-10% faster at k = 10 and
-# 1000; its launches cost more host time than it saves on the device).
+# Nor for fewer units than this: its launches cost about what it saves (H200, the largest queries, scripts/
+# bench_gpu_single.py: one at a time at 21M, ~10,400 units, 1-3% faster without it; two, or one at 100M, 3-18% with).
 SAMPLE_MIN_UNITS = 16384
 # The f32 filter and a scoring of the units it lists, where at most 1 / FILTER_RATIO of the units are expected to
 # reach the sample's threshold (H200, 21M docs, 64 queries, k = 10: scoring -15%, about 6% listed; where nearly all
