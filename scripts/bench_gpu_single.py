@@ -65,7 +65,8 @@ def main() -> int:
     home = getattr(gpu_tiles, "SAMPLE_MIN_UNITS", None)
     if home is None and set(args.variants) != {"default"}:
         raise SystemExit(f"{args.code} has no SAMPLE_MIN_UNITS: only --variants default")
-    report: dict = {"argv": sys.argv, "card": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "code": str(args.code), "results": {}}
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    report: dict = {"argv": sys.argv, "card": card, "code": str(args.code), "results": {}}
     for spec in args.synth_topics:
         qname, _, topics = spec.partition("=")
         rows = map_queries(idx, args.reference, Path(topics), 2 * args.queries)

@@ -15,11 +15,12 @@ clears the maxima it read: they are zero at rest, so a batch starts with no zero
 On CUDA the kernels are ``gpu_tiles_cuda``'s (same inputs, outputs and order; the tile in shared memory, 2.2x
 faster; the threshold by radix select), where NVRTC can be loaded; the Triton kernels below (with ``torch.topk``
 for the threshold) are the fallback and the version CI runs under Triton's interpreter. Either writes scores only
-for the groups that can hold one of the tile's k best docs. The CUDA scorer first scores a sample of the units
-(``sample_step``): the k-th largest of a row's sampled tile maxima is reached by k docs. Then an f32 pass over every
-unit (half the shared memory, so more blocks a multiprocessor) bounds each tile's maximum from above and lists the
-units that may reach that threshold; only they are scored in f64 and read out, and a tile among them whose maximum
-falls below it writes nothing.
+for the groups that can hold one of the tile's k best docs. Where a launch has enough units, the CUDA scorer first
+scores a sample of them (``sample_step``): the k-th largest of a row's sampled tile maxima is reached by k docs.
+Where few tiles can reach that threshold (``FILTER_RATIO``), an f32 pass over every unit (half the shared memory, so
+more blocks a multiprocessor) bounds each tile's maximum from above and lists the units that may reach it; only they
+are scored in f64 and read out. Otherwise every unit is scored. Either way a tile whose maximum falls below the
+threshold writes nothing.
 
 Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
 vectorised binary search (``_bounds_kernel``); the scoring kernel then walks contiguous posting ranges.
@@ -471,7 +472,7 @@ class TileScorer:
             # of host time, and a single query waits on them.
             ent, pairs = dev.data_ptr(), dev.data_ptr() + 8 * plan.pairs_at
             post, norms, cache, bounds = post.data_ptr(), norms.data_ptr(), cache.data_ptr(), bounds.data_ptr()
-            theta, listed, tile_maxima = self._theta.data_ptr(), self._listed.data_ptr(), self.tile_maxima.data_ptr()
+            theta, tile_maxima = self._theta.data_ptr(), self.tile_maxima.data_ptr()
             kn.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post, bounds,
                       self.tf_bits, stream=self._stream)
             threads = TC.threads(self.tile)
@@ -489,7 +490,7 @@ class TileScorer:
             if filtered and self._listed.numel() < 2 + n_units:  # [0]: the count (8 bytes cleared by kth)
                 self._listed = torch.empty(max(2 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
                                            device=self.device)
-                listed = self._listed.data_ptr()
+            listed = self._listed.data_ptr()
             kn.scorer(-(-n_units // step), threads, *unit_args, self._no_theta.data_ptr(), step, 0,
                       stream=self._stream)
             kn.kth(plan.rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed if filtered else 0,
