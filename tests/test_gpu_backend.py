@@ -401,6 +401,57 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
     assert bool(filtered) == (ratio == 1)
 
 
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragraphs_jsonl, tmp_path, monkeypatch):
+    """The f32 filter's bound (fast division, f32 sums) never falls under a tile's exact maximum: with the threshold
+    set to exactly one of a row's exact tile maxima, every unit reaching it is listed, and few others are."""
+    from indexer.writer import build_index
+    from ragserve.backends import gpu_tiles_cuda as TC
+
+    build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,
+                                                                          progress=False))
+    reader = IndexReader(tmp_path / "idx")
+    s = Searcher(reader, backend="cpu", threads=1)
+    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
+        queries = [q for q in (s.analyze(json.loads(line)["question_text"]) for line in f) if len(q)][:32]
+    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)  # every unit scored exactly, no threshold
+    g = GpuBackend(reader, kernel="triton", max_batch=32)
+    tiles, kn = g._tiles, g._tiles._kernels
+    cache_np, cache = g._cache(0.9, 0.4)
+    rows, plan, _, _ = g._plan_chunk(queries, float(cache_np[g._max_norm]) / 4)
+    tiles.begin(rows)
+    tiles.score(plan, g._post, g._norms, cache, 1)
+    exact = tiles.tile_maxima[:rows].clone()  # row, global tile: the f32 of each tile's f64 maximum
+    tiles.start_topk(rows, 1)
+    tiles.finish_topk(lambda: None)
+    n_units = plan.n_pairs * tiles.tpb
+    pair_row = plan.table[plan.pairs_at:plan.pairs_at + plan.n_pairs]
+    pair_blk = plan.table[plan.pairs_at + plan.n_pairs:plan.pairs_at + 2 * plan.n_pairs]
+    unit_row = np.repeat(pair_row, tiles.tpb)
+    unit_tile = (np.repeat(pair_blk, tiles.tpb) * tiles.tpb + np.tile(np.arange(tiles.tpb), plan.n_pairs))
+    unit_max = exact.cpu().numpy()[unit_row, np.minimum(unit_tile, tiles.n_tiles - 1)]
+    unit_max[unit_tile >= tiles.n_tiles] = 0.0
+    w_sum = np.array([float(np.sum(q.weights)) for q in queries])
+    listed = torch.empty(2 + n_units, dtype=torch.int32, device=g.device)
+    table = tiles._table_dev.data_ptr()
+    sorted_max = [np.unique(unit_max[unit_row == r]) for r in range(rows)]
+    for frac in (1.0, 0.99, 0.9, 0.7, 0.5, 0.2):  # thresholds: a row's exact tile maxima near that quantile
+        theta_np = np.array([m[min(len(m) - 1, int(frac * (len(m) - 1)))] for m in sorted_max], dtype=np.float32)
+        theta = torch.from_numpy(theta_np).to(g.device)
+        listed.zero_()
+        kn.filter(n_units, TC.threads(tiles.tile), table, plan.n_ent, table + 8 * plan.pairs_at, plan.n_pairs,
+                  g._post, g._norms, cache, tiles._bounds, g.num_docs, tiles.tf_bits, tiles.block_size, theta, listed)
+        out = listed.cpu().numpy()
+        got = np.zeros(n_units, bool)
+        got[out[1:1 + out[0]]] = True
+        need = (unit_max >= theta_np[unit_row]) & (unit_max > 0)
+        assert need.any() and not (need & ~got).any(), (frac, np.flatnonzero(need & ~got)[:5])
+        # and only units within the bound's slack of the threshold besides
+        slack = theta_np[unit_row] * (1 - 2.0 ** -10) - 2.0 ** -15 * w_sum[unit_row]
+        assert not (got & (unit_max < slack)).any(), frac
+
+
 def test_sample_step(monkeypatch):
     """Every sqrt(units a row / k)-th unit, odd; none when that is under MIN_SAMPLE_STEP, for fewer units than
     SAMPLE_MIN_UNITS, or when there is nothing."""

@@ -53,10 +53,11 @@ static_assert(NG <= THREADS, "one ballot per warp finds its kept groups");
 static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per lane of one warp");
 // The flat path's adds: postings j = tid, tid + THREADS, ... of the tile's terms numbered end to end (t_end: the
 // inclusive prefix sum of their counts; t_first: a term's first posting minus its first flat index), UNROLL at a
-// time with their loads in flight together; run keeps the largest sum stored. ADD(cell, s) adds s to a cell and
-// returns the f32 of the sum it stored. A macro, not a function: the f64 scorer and the f32 filter compile to the
-// same code as when each spelled it out (a function taking the shared arrays by pointer did not).
-#define FLAT_ADDS(ADD)                                                                                          \
+// time with their loads in flight together; run keeps the largest sum stored. SCORE(w, q) is a posting's term score
+// from its weight and tf * cache[norm]; ADD(cell, s) adds s to a cell and returns the f32 of the sum it stored. A
+// macro, not a function: the f64 scorer and the f32 filter compile to the same code as when each spelled it out (a
+// function taking the shared arrays by pointer did not).
+#define FLAT_ADDS(SCORE, ADD)                                                                                   \
     {                                                                                                           \
         int t = 0; /* the term of this thread's posting: flat indices only grow */                              \
         for (int j0 = tid; j0 < total; j0 += THREADS * UNROLL) {                                                \
@@ -77,12 +78,18 @@ static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per 
                 if (j0 + r * THREADS < total) {                                                                 \
                     const float w = t_w[term[r]];                                                               \
                     const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));                   \
-                    const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));                             \
+                    const float s = SCORE(w, q);                                                                \
                     run = fmaxf(run, ADD(&acc[(int)(p[r] >> tf_bits) - toff], s));                              \
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
     }
+// FORMAT.md's f32 term score, every operation rounded as written: the exact scorer's.
+#define SCORE_EXACT(w, q) __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)))
+// The filter's: w q / (1 + q) with a 2-ulp division (two instructions instead of IEEE division's ~8, in a pass bound
+// by instruction issue). It is within 2^-20 w below SCORE_EXACT (which loses up to an ulp of w by cancellation when
+// q is small); the filter's test allows for that.
+#define SCORE_BOUND(w, q) __fmul_rn(w, __fdividef(q, __fadd_rn(1.0f, q)))
 // f64: exact on the flat path (its sums are exact in any order); f32: the filter's bound.
 #define ADD_F64(cell, s) (float)__dadd_rn(atomicAdd(cell, (double)(s)), (double)(s))
 #define ADD_F32(cell, s) __fadd_rn(atomicAdd(cell, s), s)
@@ -157,7 +164,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
             __syncthreads();
             const int total = t_end[ne - 1];
             work += total;
-            FLAT_ADDS(ADD_F64)
+            FLAT_ADDS(SCORE_EXACT, ADD_F64)
             __syncthreads();  // the adds are done before the read-out or the next terms' ranges
             continue;
         }
@@ -171,7 +178,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
                 const unsigned p = __ldg(p_t + j);
                 const int off = (int)(p >> tf_bits) - toff;
                 const float q = __fmul_rn((float)(p & tf_mask), __ldg(cache + __ldg(norms + d0 + off)));
-                const float s = __fsub_rn(w, __fdiv_rn(w, __fadd_rn(1.0f, q)));
+                const float s = SCORE_EXACT(w, q);
                 const double v = __dadd_rn(acc[off], (double)s);
                 acc[off] = v;
                 run = fmaxf(run, (float)v);
@@ -302,6 +309,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
     for (int j = tid; j < TILE / 4; j += THREADS) reinterpret_cast<float4*>(acc)[j] = make_float4(0.f, 0.f, 0.f, 0.f);
     int work = 0;
     float run = 0.0f;  // the largest sum this thread stored
+    float w_sum = 0.0f;  // warp 0: the weights of the entries this lane read
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
         __syncthreads();  // the previous terms' ranges are no longer read, nor their adds running
@@ -319,6 +327,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
                     first[r] = ent[e] + lo;
                     count[r] = hi - lo;
                     t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
+                    w_sum = __fadd_rn(w_sum, t_w[i]);
                 }
             }
             int incl = count[0] + count[1];
@@ -340,18 +349,21 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
         __syncthreads();
         const int total = t_end[ne - 1];
         work += total;
-        FLAT_ADDS(ADD_F32)
+        FLAT_ADDS(SCORE_BOUND, ADD_F32)
     }
     if (work == 0) return;
     for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
     if (lane == 0) w_max[warp] = run;
     __syncthreads();
+    if (warp == 0)
+        for (int o = 16; o; o >>= 1) w_sum = __fadd_rn(w_sum, __shfl_xor_sync(0xffffffffu, w_sum, o));
     if (tid == 0) {
         float t_run = w_max[0];
         for (int w = 1; w < THREADS / 32; ++w) t_run = fmaxf(t_run, w_max[w]);
         // m positive f32 terms summed in f32 are within (m - 1) 2^-24 of their exact sum (m <= 1024 terms here:
-        // 2^-14), and the margin keeps an f32 rounding of a score up to the threshold on the listed side.
-        if (i1 - i0 > 1024 || __fmul_rn(t_run, 1.0f + 0x1p-12f) >= theta[row])
+        // 2^-14), and the relative margin keeps an f32 rounding of a score up to the threshold on the listed side.
+        // SCORE_BOUND is at most 2^-20 w under each term's exact score: the weights' sum bounds that with room.
+        if (i1 - i0 > 1024 || __fadd_rn(__fmul_rn(t_run, 1.0f + 0x1p-12f), __fmul_rn(w_sum, 0x1p-16f)) >= theta[row])
             listed[1 + atomicAdd(listed, 1u)] = (unsigned)unit;
     }
 }
