@@ -342,6 +342,42 @@ def test_cuda_kth_largest_kernel():
 
 @pytest.mark.gpu
 @needs_cuda
+def test_cuda_current_stream_handle():
+    """The raw accessor gives torch's current stream, also inside a ``torch.cuda.stream`` block."""
+    from ragserve.backends.cuda_rtc import current_stream
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    assert current_stream(dev) == torch.cuda.current_stream(dev).cuda_stream
+    side = torch.cuda.Stream(dev)
+    with torch.cuda.stream(side):
+        assert current_stream(dev) == side.cuda_stream != torch.cuda.default_stream(dev).cuda_stream
+    assert current_stream(torch.device("cuda")) == torch.cuda.current_stream().cuda_stream
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_single_queries_ranked_on_the_device(hotpot, monkeypatch):
+    """One query at a time, up to SORT_MAX candidates are ranked on the device (the host only reads the keys); past
+    that the host ranks them. Both give the cpu backend's top-k."""
+    from ragserve.backends import gpu_tiles_cuda as TC
+
+    reader, cpu, queries = hotpot
+    g = GpuBackend(reader, kernel="triton", max_batch=16)
+    host = []
+    rank_host = gpu_tiles._rank_host
+    monkeypatch.setattr(gpu_tiles, "_rank_host", lambda *a: (host.append(a[4].size), rank_host(*a))[1])
+    qs = [q for q in queries[:60] if len(q)]
+    for k in (1, 10, 100, 1000, 4 * TC.SORT_MAX):
+        host.clear()
+        for q in qs:
+            want, got = cpu.search_terms([q], k, 0.9, 0.4)[0], g.search_terms([q], k, 0.9, 0.4)[0]
+            assert got.same_as(want), (k, q)
+        assert all(n > TC.SORT_MAX for n in host)  # the host ranks only what the kernel could not
+        assert len(host) < len(qs) // 2 if k < TC.SORT_MAX else host, k
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     """More candidates than room: the batch is scored again with more (the first collect cleared the maxima); after
     every search the maxima are zero again."""

@@ -22,6 +22,15 @@ class RtcError(RuntimeError):
     pass
 
 
+def current_stream(device: torch.device) -> int:
+    """The ``cuda_stream`` handle of ``device``'s current stream. Through torch's raw accessor where it has one (as
+    Triton does): building a ``torch.cuda.Stream`` object costs microseconds, and a single query waits on them."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def _open(names: list[str], what: str) -> ctypes.CDLL:
     for name in names:
         try:
@@ -124,7 +133,7 @@ class CudaKernel:
                                    for a in args])
         gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         if stream is None:
-            stream = torch.cuda.current_stream(self.device).cuda_stream
+            stream = current_stream(self.device)
         _check_driver(self._cuda, self._cuda.cuLaunchKernel(self._func, gx, gy, 1, block, 1, 1, 0, stream, self._params,
                                                             None), "cuLaunchKernel")
 

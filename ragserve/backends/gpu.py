@@ -200,9 +200,9 @@ class GpuBackend(Backend):
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
                      times: KernelTimes | None = None) -> list[TopK]:
-        empty = TopK(np.zeros(0, np.int64), np.zeros(0, np.float32))
-        results: list[TopK] = [empty] * len(queries)
         todo = [i for i, q in enumerate(queries) if len(q)]
+        empty = TopK(np.zeros(0, np.int64), np.zeros(0, np.float32)) if len(todo) < len(queries) else None
+        results: list[TopK] = [empty] * len(queries)
         chunks = [todo[c:c + self.plan.rows] for c in range(0, len(todo), self.plan.rows)]
         with self._on_device():
             cache_np, cache = self._cache(k1, b)

@@ -43,6 +43,8 @@ BOUNDS_THREADS = 256
 KTH_THREADS = 1024
 KTH_REG = 16  # tile maxima a kth_largest thread keeps in registers: all of a row up to 16,384 tiles (33M docs)
 COLLECT_THREADS = 256
+SORT_MAX = 2048  # candidates of a single query ranked on the device (16 KiB of keys in shared memory)
+SORT_THREADS = 1024
 
 SOURCE = r"""
 #define NG (TILE / 32)
@@ -501,8 +503,38 @@ extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const floa
     const long long t0 = g0 * 32 / TILE, t1 = min(t0 + COLLECT_GROUPS * 32 / TILE, n_tiles);
     for (long long i = t0 + threadIdx.x; i < t1; i += COLLECT_THREADS) tile_maxima[row * n_tiles + i] = 0.0f;
 }
-"""
 
+// A single query's ranking, after collect (one block of SORT_THREADS): when its n = found[0] candidates are all stored
+// and n <= SORT_MAX, found[2:2 + n] becomes their keys (0x7FFFFFFF - score bits) << 32 | doc in ascending order:
+// score descending, then doc ascending (FORMAT.md's ranking; positive f32 scores order like their bits), by a bitonic
+// sort in shared memory. Otherwise the host ranks them (or the query is scored again with more room).
+extern "C" __global__ void __launch_bounds__(SORT_THREADS) rank_candidates(unsigned long long* __restrict__ found,
+                                                                           long long cap)
+{
+    __shared__ unsigned long long keys[SORT_MAX];
+    const unsigned long long n = found[0];
+    if (n > (unsigned long long)cap || n > SORT_MAX) return;
+    int m = 1;
+    while (m < (int)n) m <<= 1;
+    for (int i = threadIdx.x; i < m; i += SORT_THREADS)  // the padding to a power of two goes last
+        keys[i] = i < (int)n ? (0x7FFFFFFFull - found[3 + 2 * i]) << 32 | (found[2 + 2 * i] & 0xFFFFFFFFull) : ~0ull;
+    for (int size = 2; size <= m; size <<= 1) {
+        for (int stride = size >> 1; stride; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < m / 2; t += SORT_THREADS) {
+                const int i = 2 * t - (t & (stride - 1)), j = i + stride;
+                const unsigned long long a = keys[i], b = keys[j];
+                if ((a > b) == ((i & size) == 0)) {
+                    keys[i] = b;
+                    keys[j] = a;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < (int)n; i += SORT_THREADS) found[2 + i] = keys[i];
+}
+"""
 
 
 def threads(tile: int) -> int:
@@ -525,12 +557,13 @@ def defines(tile: int, tpb: int) -> dict[str, int]:
     """The module's compile-time constants for ``tile``-doc tiles, ``tpb`` of them a doc block."""
     return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
             "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
-            "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS}
+            "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS,
+            "SORT_MAX": SORT_MAX, "SORT_THREADS": SORT_THREADS}
 
 
 class TileKernels:
-    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``, ``kth``
-    and ``collect`` (``SELECT_SOURCE``); launch the first three with ``threads(tile)`` threads a block."""
+    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``, ``kth``,
+    ``collect`` and ``rank`` (``SELECT_SOURCE``); launch the first three with ``threads(tile)`` threads a block."""
 
     def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
         module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in
@@ -544,3 +577,4 @@ class TileKernels:
         self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32"])
         self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
         self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64"])
+        self.rank = module.kernel("rank_candidates", ["ptr", "i64"])
