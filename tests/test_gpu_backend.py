@@ -342,6 +342,32 @@ def test_cuda_kth_largest_kernel():
 
 @pytest.mark.gpu
 @needs_cuda
+def test_cuda_rank_candidates_kernel():
+    """The device ranking gives numpy's order of the keys (score descending, then doc ascending; heavy ties) for any
+    count up to SORT_MAX, and leaves the candidates alone past SORT_MAX or past the room."""
+    from ragserve.backends import gpu_tiles_cuda as TC
+
+    dev = torch.device("cuda")
+    kn = TC.TileKernels(2048, 128, dev)
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 2, 31, 63, 64, 65, 1000, 1050, TC.SORT_MAX - 1, TC.SORT_MAX, TC.SORT_MAX + 1):
+        docs = rng.choice(1 << 31, n, replace=False).astype(np.int64)
+        scores = np.float32(rng.integers(1, 40, n) / 8)  # ties
+        pairs = np.zeros(2 + 2 * max(n, 1), np.int64)
+        pairs[0], pairs[2:2 + 2 * n:2], pairs[3:3 + 2 * n:2] = n, docs, scores.view(np.int32)
+        for cap in (n, n - 1):
+            found = torch.from_numpy(pairs).to(dev)
+            kn.rank(1, TC.SORT_THREADS, found, cap)
+            got = found.cpu().numpy()
+            if n <= min(cap, TC.SORT_MAX):
+                want = np.sort(((0x7FFFFFFF - scores.view(np.int32).astype(np.int64)) << 32) | docs)
+                assert np.array_equal(got[2:2 + n], want), n
+            else:
+                assert np.array_equal(got, pairs), (n, cap)
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_cuda_current_stream_handle():
     """The raw accessor gives torch's current stream, also inside a ``torch.cuda.stream`` block."""
     from ragserve.backends.cuda_rtc import current_stream

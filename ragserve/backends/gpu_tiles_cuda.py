@@ -23,11 +23,13 @@ barrier.
 
 Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles``) a tile whose maximum, tracked
 from the sums the adds store, falls below it returns before the read-out. ``bm25_filter`` lists the units that may
-reach the threshold by the same adds in f32 (an upper bound, with a margin for its rounding; 32 registers and 16
-blocks a multiprocessor instead of 40 and 12), and ``bm25_listed`` scores the listed ones exactly.
+reach the threshold by the same adds as an upper bound (a 2-ulp division and 32-bit fixed-point sums, whose integer
+atomics Hopper has in shared memory while a float's is a compare-and-swap loop; a margin for the rest; 16 blocks a
+multiprocessor instead of 12), and ``bm25_listed`` scores the listed ones exactly.
 
 ``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search),
-the k-th largest tile maximum (radix select) and the collect kernel, which also clears the maxima it read.
+the k-th largest tile maximum (radix select), the collect kernel, which also clears the maxima it read, and a single
+query's ranking of its candidates.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ KTH_THREADS = 1024
 KTH_REG = 16  # tile maxima a kth_largest thread keeps in registers: all of a row up to 16,384 tiles (33M docs)
 COLLECT_THREADS = 256
 SORT_MAX = 2048  # candidates of a single query ranked on the device (16 KiB of keys in shared memory)
-SORT_THREADS = 1024
+SORT_THREADS = SORT_MAX // 2
 
 SOURCE = r"""
 #define NG (TILE / 32)
@@ -92,9 +94,16 @@ static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per 
 // by instruction issue). It is within 2^-20 w below SCORE_EXACT (which loses up to an ulp of w by cancellation when
 // q is small); the filter's test allows for that.
 #define SCORE_BOUND(w, q) __fmul_rn(w, __fdividef(q, __fadd_rn(1.0f, q)))
-// f64: exact on the flat path (its sums are exact in any order); f32: the filter's bound.
+// f64: exact on the flat path (its sums are exact in any order).
 #define ADD_F64(cell, s) (float)__dadd_rn(atomicAdd(cell, (double)(s)), (double)(s))
-#define ADD_F32(cell, s) __fadd_rn(atomicAdd(cell, s), s)
+// The filter's bound: s * scale rounded up to an integer, added by the one shared-memory atomic Hopper has natively (a
+// float's is a compare-and-swap loop); the f32 of the sum stored, in units of 1 / scale.
+__device__ __forceinline__ float add_fixed(unsigned* cell, const float s, const float scale)
+{
+    const unsigned u = __float2uint_ru(__fmul_rn(s, scale));
+    return __uint2float_rn(atomicAdd(cell, u) + u);
+}
+#define ADD_FIXED(cell, s) add_fixed(cell, s, scale)
 
 #define UNIT_PARAMS const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs, \
     long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms, \
@@ -284,20 +293,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_listed(UN
     }
 }
 
-// Which units can hold a doc reaching the row's threshold: the tile's sums in f32 (half the shared memory of the
-// f64 tile, so more blocks a multiprocessor, and native shared-memory atomics), in any order, only to bound its
-// maximum from above; those that may reach it are appended to listed for bm25_listed.
+// Which units can hold a doc reaching the row's threshold: the tile's sums as 32-bit fixed point (half the shared
+// memory of the f64 tile, so more blocks a multiprocessor, and native integer atomics), in any order, only to bound
+// its maximum from above; those that may reach it are appended to listed for bm25_listed. The scale is the largest
+// power of two that keeps the sum of the unit's weights under 2^31: a doc's score is below that sum, so no sum of
+// terms rounded up overflows.
 extern "C" __global__ void __launch_bounds__(THREADS, FILTER_BLOCKS)
 bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs,
             long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
             const float* __restrict__ cache, const int* __restrict__ bounds, long long num_docs, int tf_bits,
             long long block_size, const float* __restrict__ theta, unsigned* __restrict__ listed)
 {
-    __shared__ __align__(16) float acc[TILE];
+    __shared__ __align__(16) unsigned acc[TILE];
     __shared__ long long t_first[MAX_TERMS];  // minus the term's first flat index
     __shared__ float t_w[MAX_TERMS];
     __shared__ int t_end[MAX_TERMS];  // inclusive prefix sum of the counts
     __shared__ float w_max[THREADS / 32];
+    __shared__ float s_w_sum;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const long long unit = blockIdx.x;
     const long long pair = unit / TPB;
@@ -308,10 +320,16 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
     if (d0 >= num_docs) return;
     const unsigned tf_mask = (1u << tf_bits) - 1u;
     const int toff = tile * TILE;
-    for (int j = tid; j < TILE / 4; j += THREADS) reinterpret_cast<float4*>(acc)[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = tid; j < TILE / 4; j += THREADS) reinterpret_cast<uint4*>(acc)[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (warp == 0) {  // the unit's weights (the first barrier below publishes their sum)
+        float w = 0.0f;
+        for (long long e = i0 + lane; e < i1; e += 32) w = __fadd_rn(w, __int_as_float((int)ent[2 * n_ent + e]));
+        for (int o = 16; o; o >>= 1) w = __fadd_rn(w, __shfl_xor_sync(0xffffffffu, w, o));
+        if (lane == 0) s_w_sum = w;
+    }
     int work = 0;
-    float run = 0.0f;  // the largest sum this thread stored
-    float w_sum = 0.0f;  // warp 0: the weights of the entries this lane read
+    float run = 0.0f;  // the largest sum this thread stored, in units of 1 / scale
+    float scale = 0.0f;
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
         __syncthreads();  // the previous terms' ranges are no longer read, nor their adds running
@@ -329,7 +347,6 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
                     first[r] = ent[e] + lo;
                     count[r] = hi - lo;
                     t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
-                    w_sum = __fadd_rn(w_sum, t_w[i]);
                 }
             }
             int incl = count[0] + count[1];
@@ -349,23 +366,25 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
             }
         }
         __syncthreads();
+        // s_w_sum < 2^e (positive weights: a normal float): the scale is 2^(31 - e)
+        const int e = max(((__float_as_int(s_w_sum) >> 23) & 0xFF) - 126, -64);
+        scale = __int_as_float((127 + 31 - e) << 23);
         const int total = t_end[ne - 1];
         work += total;
-        FLAT_ADDS(SCORE_BOUND, ADD_F32)
+        FLAT_ADDS(SCORE_BOUND, ADD_FIXED)
     }
     if (work == 0) return;
     for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
     if (lane == 0) w_max[warp] = run;
     __syncthreads();
-    if (warp == 0)
-        for (int o = 16; o; o >>= 1) w_sum = __fadd_rn(w_sum, __shfl_xor_sync(0xffffffffu, w_sum, o));
     if (tid == 0) {
         float t_run = w_max[0];
         for (int w = 1; w < THREADS / 32; ++w) t_run = fmaxf(t_run, w_max[w]);
-        // m positive f32 terms summed in f32 are within (m - 1) 2^-24 of their exact sum (m <= 1024 terms here:
-        // 2^-14), and the relative margin keeps an f32 rounding of a score up to the threshold on the listed side.
-        // SCORE_BOUND is at most 2^-20 w under each term's exact score: the weights' sum bounds that with room.
-        if (i1 - i0 > 1024 || __fadd_rn(__fmul_rn(t_run, 1.0f + 0x1p-12f), __fmul_rn(w_sum, 0x1p-16f)) >= theta[row])
+        t_run = __fmul_rn(t_run, __int_as_float((254 - ((__float_as_int(scale) >> 23) & 0xFF)) << 23));  // / scale
+        // The integer sums are at least the terms' sum, and their f32 is within 2^-24 of it; the relative margin keeps
+        // an f32 rounding of a score up to the threshold on the listed side. SCORE_BOUND is at most 2^-20 w under
+        // each term's exact score: the weights' sum bounds that with room.
+        if (__fadd_rn(__fmul_rn(t_run, 1.0f + 0x1p-12f), __fmul_rn(s_w_sum, 0x1p-16f)) >= theta[row])
             listed[1 + atomicAdd(listed, 1u)] = (unsigned)unit;
     }
 }
@@ -504,35 +523,71 @@ extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const floa
     for (long long i = t0 + threadIdx.x; i < t1; i += COLLECT_THREADS) tile_maxima[row * n_tiles + i] = 0.0f;
 }
 
-// A single query's ranking, after collect (one block of SORT_THREADS): when its n = found[0] candidates are all stored
-// and n <= SORT_MAX, found[2:2 + n] becomes their keys (0x7FFFFFFF - score bits) << 32 | doc in ascending order:
-// score descending, then doc ascending (FORMAT.md's ranking; positive f32 scores order like their bits), by a bitonic
-// sort in shared memory. Otherwise the host ranks them (or the query is scored again with more room).
+// A single query's ranking, after collect (one block of SORT_THREADS = SORT_MAX / 2): when its n = found[0] candidates
+// are all stored and n <= SORT_MAX, found[2:2 + n] becomes their keys (0x7FFFFFFF - score bits) << 32 | doc in
+// ascending order: score descending, then doc ascending (FORMAT.md's ranking; positive f32 scores order like their
+// bits). Each warp sorts 64 keys in registers (a bitonic network over shuffles, no barrier), then runs of 64, 128, ...
+// are merged pairwise, each key placed by its rank in the other run (a binary search in shared memory): ~6 barriers
+// instead of a shared-memory bitonic sort's 66 (21 us for 2,048 keys on the H200). Otherwise the host ranks them (or
+// the query is scored again with more room).
+__device__ __forceinline__ void exchange(unsigned long long& x, const unsigned long long y, const bool keep_min)
+{
+    x = keep_min ? min(x, y) : max(x, y);
+}
+
 extern "C" __global__ void __launch_bounds__(SORT_THREADS) rank_candidates(unsigned long long* __restrict__ found,
                                                                            long long cap)
 {
-    __shared__ unsigned long long keys[SORT_MAX];
+    __shared__ unsigned long long buf[2][SORT_MAX];
     const unsigned long long n = found[0];
     if (n > (unsigned long long)cap || n > SORT_MAX) return;
-    int m = 1;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int m = 64;  // a power of two: the padding (all ones) goes last
     while (m < (int)n) m <<= 1;
-    for (int i = threadIdx.x; i < m; i += SORT_THREADS)  // the padding to a power of two goes last
-        keys[i] = i < (int)n ? (0x7FFFFFFFull - found[3 + 2 * i]) << 32 | (found[2 + 2 * i] & 0xFFFFFFFFull) : ~0ull;
-    for (int size = 2; size <= m; size <<= 1) {
-        for (int stride = size >> 1; stride; stride >>= 1) {
-            __syncthreads();
-            for (int t = threadIdx.x; t < m / 2; t += SORT_THREADS) {
-                const int i = 2 * t - (t & (stride - 1)), j = i + stride;
-                const unsigned long long a = keys[i], b = keys[j];
-                if ((a > b) == ((i & size) == 0)) {
-                    keys[i] = b;
-                    keys[j] = a;
+    if (tid < m / 2) {  // warp w: keys 64 w + lane (x[0]) and 64 w + 32 + lane (x[1])
+        unsigned long long x[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = 64 * warp + 32 * h + lane;
+            x[h] = i < (int)n ? (0x7FFFFFFFull - found[3 + 2 * i]) << 32 | (found[2 + 2 * i] & 0xFFFFFFFFull) : ~0ull;
+        }
+        for (int size = 2; size <= 64; size <<= 1) {
+            for (int stride = size >> 1; stride; stride >>= 1) {
+                if (stride == 32) {  // the two keys of one lane; ascending when size is 64
+                    const unsigned long long lo = min(x[0], x[1]), hi = max(x[0], x[1]);
+                    x[0] = lo;
+                    x[1] = hi;
+                    continue;
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 32 * h + lane;
+                    const unsigned long long y = __shfl_xor_sync(0xffffffffu, x[h], stride);
+                    exchange(x[h], y, ((i & stride) == 0) == ((i & size) == 0));
                 }
             }
         }
+        buf[0][64 * warp + lane] = x[0];
+        buf[0][64 * warp + 32 + lane] = x[1];
+    }
+    int src = 0;
+    for (int run = 64; run < m; run <<= 1, src ^= 1) {
+        __syncthreads();
+        for (int p = tid; p < m; p += SORT_THREADS) {
+            const unsigned long long key = buf[src][p];
+            const int r = p / run, i = p % run;
+            const unsigned long long* other = buf[src] + (r ^ 1) * run;
+            int lo = 0, hi = run;  // keys of the other run before this one: < key from the right run's view, <= from
+            while (lo < hi) {      // the left's, so equal keys (the padding) keep distinct places
+                const int mid = (lo + hi) >> 1;
+                if (r & 1 ? other[mid] <= key : other[mid] < key) lo = mid + 1;
+                else hi = mid;
+            }
+            buf[src ^ 1][(r & ~1) * run + i + lo] = key;
+        }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < (int)n; i += SORT_THREADS) found[2 + i] = keys[i];
+    for (int i = tid; i < (int)n; i += SORT_THREADS) found[2 + i] = buf[src][i];
 }
 """
 
