@@ -113,6 +113,17 @@ __device__ __forceinline__ float add_fixed(unsigned* cell, const float s, const 
 #define UNIT_ARGS ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, maxima, tile_maxima, scores, num_docs, \
     n_groups, n_tiles, tf_bits, block_size, k_tile, theta
 
+// Entry e's postings in tile `tile` of its doc block: the index of the first in post (at first), and their count.
+__device__ __forceinline__ int tile_range(const long long* __restrict__ ent, const long long n_ent,
+                                          const int* __restrict__ bounds, const long long e, const int tile,
+                                          long long& first)
+{
+    const int lo = bounds[e * TPB + tile];
+    const int hi = tile + 1 < TPB ? bounds[e * TPB + tile + 1] : (int)ent[n_ent + e];
+    first = ent[e] + lo;
+    return hi - lo;
+}
+
 // One (query, tile) unit: its f64 sums, and the read-out of the groups that can hold a top-k doc.
 __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
 {
@@ -147,10 +158,9 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
         __syncthreads();  // the previous terms' ranges are no longer read
         for (int i = tid; i < ne; i += THREADS) {
             const long long e = e0 + i;
-            const int lo = bounds[e * TPB + tile];
-            const int hi = tile + 1 < TPB ? bounds[e * TPB + tile + 1] : (int)ent[n_ent + e];
-            t_first[i] = ent[e] + lo;
-            t_count[i] = hi - lo;
+            long long first;
+            t_count[i] = tile_range(ent, n_ent, bounds, e, tile, first);
+            t_first[i] = first;
             t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
         }
         __syncthreads();
@@ -342,10 +352,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
                 count[r] = 0;
                 if (i < ne) {
                     const long long e = e0 + i;
-                    const int lo = bounds[e * TPB + tile];
-                    const int hi = tile + 1 < TPB ? bounds[e * TPB + tile + 1] : (int)ent[n_ent + e];
-                    first[r] = ent[e] + lo;
-                    count[r] = hi - lo;
+                    count[r] = tile_range(ent, n_ent, bounds, e, tile, first[r]);
                     t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
                 }
             }
