@@ -426,7 +426,7 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
 @pytest.mark.parametrize("ratio", [1, 1000])
 def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_path, term_order, ratio,
                                                    monkeypatch):
-    """The CUDA scorer's sample of units and the threshold it sets, then either the f32 filter and the scoring of
+    """The CUDA scorer's sample of units and the threshold it sets, then either the filter and the scoring of
     the units it lists (FILTER_RATIO 1: wherever k <= the units sampled a row) or every unit scored with the tiles
     below it not read out (1000): small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k
     stays the cpu backend's."""
@@ -466,7 +466,7 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragraphs_jsonl, tmp_path, monkeypatch):
-    """The f32 filter's bound (fast division, f32 sums) never falls under a tile's exact maximum: with the threshold
+    """The filter's bound (fast division, fixed-point sums) never falls under a tile's exact maximum: with the threshold
     set to exactly one of a row's exact tile maxima, every unit reaching it is listed, and few others are."""
     from indexer.writer import build_index
     from ragserve.backends import gpu_tiles_cuda as TC

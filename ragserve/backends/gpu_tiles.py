@@ -17,7 +17,7 @@ faster; the threshold by radix select), where NVRTC can be loaded; the Triton ke
 for the threshold) are the fallback and the version CI runs under Triton's interpreter. Either writes scores only
 for the groups that can hold one of the tile's k best docs. Where a launch has enough units, the CUDA scorer first
 scores a sample of them (``sample_step``): the k-th largest of a row's sampled tile maxima is reached by k docs.
-Where few tiles can reach that threshold (``FILTER_RATIO``), an f32 pass over every unit (half the shared memory, so
+Where few tiles can reach that threshold (``FILTER_RATIO``), a 4-byte pass over every unit (half the shared memory, so
 more blocks a multiprocessor) bounds each tile's maximum from above and lists the units that may reach it; only they
 are scored in f64 and read out. Otherwise every unit is scored. Either way a tile whose maximum falls below the
 threshold writes nothing.
@@ -76,7 +76,7 @@ MIN_SAMPLE_STEP = 4  # no sample when it would be more than a quarter of the uni
 # Nor for fewer units than this: its launches cost about what it saves (H200, the largest queries, scripts/
 # bench_gpu_single.py: one at a time at 21M, ~10,400 units, 1-3% faster without it; two, or one at 100M, 3-18% with).
 SAMPLE_MIN_UNITS = 16384
-# The f32 filter and a scoring of the units it lists, where at most 1 / FILTER_RATIO of the units are expected to
+# The 4-byte filter and a scoring of the units it lists, where at most 1 / FILTER_RATIO of the units are expected to
 # reach the sample's threshold (H200, 21M docs, 64 queries, k = 10: scoring -15%, about 6% listed; where nearly all
 # are, the filter's pass is added work: k = 1000 +50%).
 FILTER_RATIO = 4
@@ -491,8 +491,8 @@ class TileScorer:
                 kn.scorer(n_units, threads, *unit_args, no_theta, 1, 0, stream=self._stream)
                 return
             # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs. Few tiles
-            # reach it (k / m of them, m sampled a row): an f32 pass over every unit lists those whose tile may, and
-            # only they are scored. Many: every other unit is scored, and those below it skip their read-out.
+            # reach it (k / m of them, m sampled a row): a pass bounding every unit's maximum lists those whose tile
+            # may, and only they are scored. Many: every other unit is scored, and those below it skip their read-out.
             filtered = FILTER_RATIO * k <= n_units // plan.rows // step
             if filtered and self._listed.numel() < 2 + n_units:  # [0]: the count (8 bytes cleared by kth)
                 self._listed = torch.empty(max(2 + n_units, 2 * self._listed.numel()), dtype=torch.int32,

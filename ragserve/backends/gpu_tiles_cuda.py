@@ -59,7 +59,7 @@ static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per 
 // inclusive prefix sum of their counts; t_first: a term's first posting minus its first flat index), UNROLL at a
 // time with their loads in flight together; run keeps the largest sum stored. SCORE(w, q) is a posting's term score
 // from its weight and tf * cache[norm]; ADD(cell, s) adds s to a cell and returns the f32 of the sum it stored. A
-// macro, not a function: the f64 scorer and the f32 filter compile to the same code as when each spelled it out (a
+// macro, not a function: the f64 scorer and the filter compile to the same code as when each spelled it out (a
 // function taking the shared arrays by pointer did not).
 #define FLAT_ADDS(SCORE, ADD)                                                                                   \
     {                                                                                                           \
@@ -611,7 +611,7 @@ def min_blocks(tile: int) -> int:
 
 
 def filter_blocks(tile: int) -> int:
-    """``min_blocks`` of the f32 filter: 4 bytes a cell."""
+    """``min_blocks`` of the filter: 4 bytes a cell."""
     return max(1, min(32, 2048 // threads(tile), (228 << 10) // (4 * tile + (3 << 10))))
 
 
