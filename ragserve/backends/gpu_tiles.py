@@ -588,7 +588,7 @@ class TileScorer:
         if rows == 1 and self._kernels is not None and total <= TC.SORT_MAX:  # ranked on the device
             n = min(k, total)
             keys = head[2:2 + n] if n <= 2 * peek else self._read_back(2 + n)[2:]
-            return [TopK(keys & 0xFFFFFFFF, (0x7FFFFFFF - (keys >> 32)).astype(np.int32).view(np.float32))], rescored
+            return [_of_keys(keys)], rescored
         if total <= HOST_RANK_MAX:  # ranked on the host
             pairs = head if total <= peek else self._read_back(2 + 2 * total)
             return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2], pairs[3:3 + 2 * total:2]), rescored
@@ -644,6 +644,12 @@ def _rank_host(rows: int, k: int, num_docs: int, idx: np.ndarray, bits: np.ndarr
     """``ranked`` on the host: candidates (row * num_docs + doc, score bits) by (row, score desc, doc asc), each row
     cut at k."""
     keys, bounds = _rank_keys(rows, k, num_docs, np.ascontiguousarray(idx), np.ascontiguousarray(bits))
-    docs = keys & 0xFFFFFFFF
-    scores = (0x7FFFFFFF - (keys >> 32)).astype(np.int32).view(np.float32)
-    return [TopK(docs[a:b], scores[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    ranked_all = _of_keys(keys)
+    return [TopK(ranked_all.docids[a:b], ranked_all.scores[a:b])
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+
+
+def _of_keys(keys: np.ndarray) -> TopK:
+    """Docs and scores of ranking keys ``(0x7FFFFFFF - score bits) << 32 | doc`` (``_rank_keys``'s and the CUDA
+    ``rank_candidates`` kernel's), in their order."""
+    return TopK(keys & 0xFFFFFFFF, (0x7FFFFFFF - (keys >> 32)).astype(np.int32).view(np.float32))
