@@ -142,6 +142,13 @@ def test_plan_memory_placement():
     assert p.total_bytes <= budget and p.index_bytes == 1000 + staging + shard
     with pytest.raises(MemoryPlanError):
         plan_memory(1000, shards, 1000 + 19_000 + staging - 1, 8)
+    # tables beside the shards (single queries' device plan): counted in the index, taken before any row
+    full = 1000 + 3 * shard + 19_000
+    p = plan_memory(1000, shards, full + 500, 8, table_bytes=500)
+    assert p.streamed == () and p.rows == 1 and p.index_bytes == 1000 + 3 * shard + 500 and p.total_bytes == full + 500
+    assert plan_memory(1000, shards, full + 499, 8, table_bytes=500).streamed  # a byte short: shards stream
+    with pytest.raises(MemoryPlanError, match="tables 50,000"):
+        plan_memory(1000, shards, budget, 8, table_bytes=50_000)
 
 
 def test_k_bounds_and_empty_results(hotpot):
@@ -254,7 +261,8 @@ def test_cuda_streaming_and_auto(arguana, kernel):
     if kernel == "triton" and not triton_available():
         pytest.skip("triton is not installed")
     reader, cpu, queries = arguana
-    budget = GpuBackend(reader, kernel=kernel, max_batch=1).plan.total_bytes - 1  # everything but one byte
+    full = GpuBackend(reader, kernel=kernel, max_batch=1).plan
+    budget = full.total_bytes - full.table_bytes - 1  # one byte short even without the device plan's tables
     g = GpuBackend(reader, kernel=kernel, memory_bytes=budget, max_batch=8)
     assert g.describe()["streamed_shards"] >= 1
     assert_parity(g, cpu, queries[::5], 100)
@@ -512,6 +520,77 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
         # and only units within the bound's slack of the threshold besides
         slack = theta_np[unit_row] * (1 - 2.0 ** -10) - 2.0 ** -15 * w_sum[unit_row]
         assert not (got & (unit_max < slack)).any(), frac
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
+    """``plan_single``'s dense plan of one query: for every (doc block, query term) the entry of the host's plan, or a
+    count of 0 where the term has no posting in the block; pairs are the blocks in order; its tile ranges are where
+    each tile's docs begin in the entry's postings (numpy's searchsorted). Several shards (ArguAna's small banks)."""
+    from ragserve.backends import gpu_tiles_cuda as TC
+    from ragserve.backends.gpu_tiles import plan_queries
+
+    for reader, _, queries in (arguana, hotpot):
+        g = GpuBackend(reader, kernel="triton", max_batch=8)
+        tiles = g._tiles
+        assert g.plan.table_bytes > 0 and g.describe()["query_tables_bytes"] == g.plan.table_bytes
+        post = g._post.cpu().numpy().view(np.uint32)
+        n_blocks, planner = tiles.n_blocks, g.device_arrays()["planner"]
+        for q in [q for q in queries if 0 < len(q) <= TC.QMAX][:12]:
+            assert tiles.plans_on_device(q)
+            want = plan_queries(planner, [q], g._pbase, n_blocks, False, 0.0)
+            tiles.begin(1)
+            n_ent, at = tiles.plan_query(q, True, g._post.data_ptr())
+            torch.cuda.synchronize()
+            got = tiles._qtable[:at + 5 * n_blocks].cpu().numpy()
+            bounds = tiles._bounds[:n_ent * tiles.tpb].cpu().numpy().reshape(n_ent, tiles.tpb)
+            nt = len(q)
+            assert n_ent == n_blocks * nt and at % 2 == 0
+            pairs = got[at:].reshape(5, n_blocks)
+            assert (pairs[0] == 0).all() and pairs[1].tolist() == list(range(n_blocks)) and (pairs[4] == 1).all()
+            assert pairs[2].tolist() == [b * nt for b in range(n_blocks)] and (pairs[3] - pairs[2] == nt).all()
+            ent = got[:3 * n_ent].reshape(3, n_blocks, nt)  # start, count, weight bits by (block, term)
+            assert (ent[2] == q.weights.view(np.int32)[None, :]).all()
+            expect = np.zeros((2, n_blocks, nt), np.int64)  # start, count: every shard's entries of each term
+            for j, t in enumerate(q.term_ids.astype(np.int64)):
+                for sh in range(len(reader.shards)):
+                    o = planner.offsets[sh]
+                    for e in range(o + planner.term_ptr[t, sh], o + planner.term_ptr[t + 1, sh]):
+                        a0, a1 = int(planner.blk_start[e]), int(planner.blk_start[e + 1])
+                        expect[:, planner.blk_id[e], j] = g._pbase[sh] + a0, a1 - a0
+            assert (ent[1] == expect[1]).all() and (ent[0][expect[1] > 0] == expect[0][expect[1] > 0]).all()
+            assert ent[1].sum() == want.table[want.n_ent:2 * want.n_ent].sum() > 0  # every posting of the host plan
+            for e in np.flatnonzero(ent[1].reshape(-1)):
+                docs = post[ent[0].reshape(-1)[e]:][:ent[1].reshape(-1)[e]] >> reader.tf_bits
+                assert bounds[e].tolist() == np.searchsorted(docs, np.arange(tiles.tpb) * tiles.tile).tolist()
+        g.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypatch):
+    """One query at a time: up to QMAX terms planned on the device, more on the host; both give the cpu backend's
+    top-k, with the sums in any order or term after term."""
+    from ragserve.backends import gpu_tiles_cuda as TC
+
+    reader, cpu, queries = arguana
+    qs = [q for q in queries if 0 < len(q) <= TC.QMAX][:20]
+    terms = np.unique(np.concatenate([q.term_ids for q in qs]))[:TC.QMAX + 40]
+    long_q = bm25.QueryTerms(terms, np.ones(terms.size, np.float32),
+                             np.linspace(0.5, 3.0, terms.size).astype(np.float32))
+    assert len(long_q) > TC.QMAX
+    host = []
+    plan = gpu_tiles.plan_queries
+    monkeypatch.setattr(gpu_tiles, "plan_queries", lambda *a: (host.append(len(a[1])), plan(*a))[1])
+    for term_order in ("auto", "ascending"):
+        g = GpuBackend(reader, kernel="triton", max_batch=8, term_order=term_order)
+        for k in (10, 1000):
+            host.clear()
+            for q in qs + [long_q]:
+                assert cpu.search_terms([q], k, 0.9, 0.4)[0].same_as(g.search_terms([q], k, 0.9, 0.4)[0]), k
+            assert host == [1]  # only the long query
+        g.close()
 
 
 def test_sample_step(monkeypatch):

@@ -18,6 +18,17 @@ import torch
 PACK = {"ptr": "Q", "i32": "i4x", "i64": "q", "f32": "f4x"}  # a kernel parameter's struct format in its 8-byte slot
 
 
+def _slot(kind: str) -> str:
+    """A parameter's struct format: ``PACK``'s, or ``b<N>`` for an N-byte struct passed by value (bytes), padded to
+    8-byte slots."""
+    if kind in PACK:
+        return PACK[kind]
+    n = int(kind[1:]) if kind[:1] == "b" and kind[1:].isdigit() else 0
+    if n <= 0:
+        raise ValueError(f"unknown kernel parameter type {kind!r}")
+    return f"{n}s{-n % 8}x"
+
+
 class RtcError(RuntimeError):
     pass
 
@@ -101,18 +112,21 @@ class CudaModule:
 
 class CudaKernel:
     """One function of a ``CudaModule``; ``signature`` names each parameter's type (``ptr`` for a tensor, ``i32``,
-    ``i64``, ``f32``). Its arguments are packed into one reused buffer (a launch costs a few microseconds of Python
-    instead of tens), so one kernel object must not be launched from two threads at once."""
+    ``i64``, ``f32``; ``b<N>`` an N-byte struct by value, passed as ``bytes``). Its arguments are packed into one
+    reused buffer (a launch costs a few microseconds of Python instead of tens), so one kernel object must not be
+    launched from two threads at once."""
 
     def __init__(self, module: CudaModule, func: ctypes.c_void_p, signature: list[str]) -> None:
         self.device, self._cuda, self._func = module.device, module._cuda, func
         self._module = module  # keeps the module loaded
         self._n = len(signature)
-        # One 8-byte slot per parameter (an i32 or f32 in its first 4 bytes), packed by one struct call.
-        self._pack = struct.Struct("<" + "".join(PACK[t] for t in signature)).pack_into
-        self._buf = ctypes.create_string_buffer(8 * max(1, self._n))
+        # 8-byte slots (an i32 or f32 in its first 4 bytes; a struct in as many as it needs), packed by one struct call.
+        slots = [_slot(t) for t in signature]
+        self._pack = struct.Struct("<" + "".join(slots)).pack_into
+        offsets = [struct.calcsize("<" + "".join(slots[:i])) for i in range(self._n)]
+        self._buf = ctypes.create_string_buffer(max(8, struct.calcsize("<" + "".join(slots))))
         base = ctypes.addressof(self._buf)
-        self._params = (ctypes.c_void_p * max(1, self._n))(*[base + 8 * i for i in range(self._n)])
+        self._params = (ctypes.c_void_p * max(1, self._n))(*[base + o for o in offsets])
 
     def occupancy(self, block: int) -> tuple[int, int]:
         """(registers per thread, blocks a multiprocessor holds at once) when launched with ``block`` threads."""

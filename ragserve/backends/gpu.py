@@ -33,7 +33,7 @@ from ragserve import bm25
 from ragserve.backends import gpu_kernels as K
 from ragserve.backends import gpu_tiles as T
 from ragserve.backends.gpu_items import ItemPlanner, Items
-from ragserve.backends.gpu_plan import MemoryPlan, plan_memory
+from ragserve.backends.gpu_plan import MemoryPlan, MemoryPlanError, plan_memory
 from ragserve.backends.gpu_topk import METHODS as TOPK_METHODS, select_topk
 from ragserve.bm25 import QueryTerms
 from ragserve.searcher import Backend, KernelTimes, SearchError, TopK
@@ -89,13 +89,15 @@ class GpuBackend(Backend):
             memory_bytes = self._default_budget()
         shard_sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in index.shards]
         tiled = self.kernel == "triton"
-        self.plan: MemoryPlan = plan_memory(
-            self.num_docs, shard_sizes, int(memory_bytes), max_batch,
-            row_bytes=T.TileScorer.row_bytes(self.num_docs, index.block_size) if tiled else None,
-            work_bytes=T.TileScorer.work_bytes(self.device, index.block_size) if tiled else 0)
         # Host-side tables: work items are planned from them; streamed shards are staged from the layout.
         self._planner = ItemPlanner([s.term_ptr for s in index.shards], [s.blk_start for s in index.shards],
                                     [s.blk_id for s in index.shards])
+        # The CUDA tile kernels plan single queries on the device where every shard fits beside its term_ptr.
+        device_plans = tiled and self._cuda and T.SCORER == "cuda"
+        tables = T.QueryTables.nbytes(self._planner, self._n_blocks) if device_plans else 0
+        self.plan: MemoryPlan = self._plan_memory(shard_sizes, int(memory_bytes), max_batch, tiled, tables)
+        if self.plan.streamed and tables:
+            self.plan = self._plan_memory(shard_sizes, int(memory_bytes), max_batch, tiled, 0)
         norms = np.asarray(index.norms)
         # Smallest possible q over the index (tf >= 1, longest length present): proves f64 sums exact.
         self._max_norm = int(norms.max()) if norms.size else 0
@@ -105,8 +107,25 @@ class GpuBackend(Backend):
             self._load(norms)
             self._tiles = (T.TileScorer(self.num_docs, index.block_size, self.tf_bits, self.plan.rows, self.device)
                            if tiled else None)
+            if self.plan.table_bytes:
+                self._tiles.set_query_tables(T.QueryTables.build(
+                    self._planner, self._ebase, self._pbase, [(s.block_start, s.block_end) for s in index.shards],
+                    self._bid, self._bst, self.device))
 
     # -- setup --------------------------------------------------------------------------------
+    def _plan_memory(self, shard_sizes: list[tuple[int, int]], budget: int, max_batch: int, tiled: bool,
+                     tables: int) -> MemoryPlan:
+        block = self.index.block_size
+        try:
+            return plan_memory(self.num_docs, shard_sizes, budget, max_batch,
+                               row_bytes=T.TileScorer.row_bytes(self.num_docs, block) if tiled else None,
+                               work_bytes=T.TileScorer.work_bytes(self.device, block) if tiled else 0,
+                               table_bytes=tables)
+        except MemoryPlanError:
+            if not tables:
+                raise
+            return self._plan_memory(shard_sizes, budget, max_batch, tiled, 0)  # streamed without the tables
+
     def _pick_kernel(self, kernel: str) -> str:
         if kernel not in ("auto", "triton", "torch"):
             raise SearchError(f"kernel must be 'auto', 'triton' or 'torch', got {kernel!r}")
@@ -182,6 +201,7 @@ class GpuBackend(Backend):
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
                 "resident_shards": len(p.resident), "streamed_shards": len(p.streamed),
                 "resident_shard_bytes": p.resident_bytes, "staging_bytes": p.staging_bytes,
+                "query_tables_bytes": p.table_bytes,
                 "batch_rows": p.rows, "accumulator_bytes": p.rows * p.row_bytes, "total_bytes": p.total_bytes}
 
     # -- search -------------------------------------------------------------------------------
@@ -308,9 +328,12 @@ class GpuBackend(Backend):
                        lambda part, pbase, e0: self._launch_all(part, pbase, e0, exact, cache, acc))
         return acc
 
-    def _plan_chunk(self, queries: list[QueryTerms], min_q: float) -> tuple[int, T.TilePlan, Items | None, np.ndarray]:
-        """Host work of a batch on the tiled path: the resident shards' plan, with which queries' terms the CUDA
-        kernel may add at once (``_exact``), and the streamed shards' items (planned when staged) and flags."""
+    def _plan_chunk(self, queries: list[QueryTerms], min_q: float) -> tuple:
+        """Host work of a batch on the tiled path, (rows, plan, streamed items, flat flags): the resident shards' plan,
+        with which queries' terms the CUDA kernel may add at once (``_exact``), and the streamed shards' items
+        (planned when staged) and flags. A single query the device plans is its own plan, with its flag."""
+        if len(queries) == 1 and self._tiles.plans_on_device(queries[0]):  # planned by the scoring launch
+            return 1, queries[0], None, self.term_order == "auto" and T.sum_is_exact(queries[0].weights, min_q)
         if not self.plan.streamed:  # one compiled call from the queries to the plan
             plan = T.plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
             return len(queries), plan, None, np.zeros(0, bool)
@@ -321,11 +344,13 @@ class GpuBackend(Backend):
         return len(queries), T.plan_tiles(self._planner, resident, self._pbase[resident.shard],
                                           self._n_blocks, flat), items.take(streamed), flat
 
-    def _launch_chunk(self, chunk: tuple[int, T.TilePlan, Items | None, np.ndarray], cache: torch.Tensor,
-                      k: int) -> None:
+    def _launch_chunk(self, chunk: tuple, cache: torch.Tensor, k: int) -> None:
         rows, plan, streamed, flat = chunk
         tiles = self._tiles
         tiles.begin(rows)
+        if isinstance(plan, QueryTerms):
+            tiles.score_query(plan, flat, self._post, self._norms, cache, k)
+            return
         tiles.score(plan, self._post, self._norms, cache, k)
         for s in self.plan.streamed:
             part = streamed.take(streamed.shard == s)

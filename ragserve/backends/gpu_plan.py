@@ -2,11 +2,12 @@
 
 A shard on the device holds its layout arrays as they are: ``postings.u32`` (4 bytes a posting) and
 ``blk_id.u32`` / ``blk_start.u32`` (4 bytes an entry each, plus one sentinel). The other per-shard tables
-(``term_ptr``, block bounds) stay on the host, where work items are planned. Besides the shards the device
-needs the norms (1 byte a doc) and, per query scored at once, a row of per-doc working memory: on the dense
-path an f64 accumulator plus the top-k working set (``ROW_BYTES_PER_DOC``), on the tiled path kept f32 scores
-and group maxima; the tiled path also has fixed per-program scratch (``work_bytes``). Shards that do not fit are copied, the slices a batch needs, into
-a staging area as large as the largest such shard.
+(``term_ptr``, block bounds) stay on the host, where work items are planned; where every shard fits, the tiled CUDA
+path also keeps every shard's ``term_ptr`` on the device (``table_bytes``) to plan single queries there. Besides the
+shards the device needs the norms (1 byte a doc) and, per query scored at once, a row of per-doc working memory: on
+the dense path an f64 accumulator plus the top-k working set (``ROW_BYTES_PER_DOC``), on the tiled path kept f32
+scores and group maxima; the tiled path also has fixed per-program scratch (``work_bytes``). Shards that do not fit
+are copied, the slices a batch needs, into a staging area as large as the largest such shard.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class MemoryPlan:
     rows: int  # queries scored at once
     row_bytes: int
     work_bytes: int = 0  # scoring scratch, whatever the batch
+    table_bytes: int = 0  # device tables single queries are planned from (gpu_tiles.QueryTables)
 
     @property
     def staging_bytes(self) -> int:
@@ -45,8 +47,8 @@ class MemoryPlan:
 
     @property
     def index_bytes(self) -> int:
-        """Bytes the index itself occupies on the device (norms + resident shards + staging)."""
-        return self.norms_bytes + self.resident_bytes + self.staging_bytes
+        """Bytes the index itself occupies on the device (norms + resident shards + staging + query tables)."""
+        return self.norms_bytes + self.resident_bytes + self.staging_bytes + self.table_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -54,11 +56,12 @@ class MemoryPlan:
 
 
 def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_rows: int,
-                row_bytes: int | None = None, work_bytes: int = 0) -> MemoryPlan:
+                row_bytes: int | None = None, work_bytes: int = 0, table_bytes: int = 0) -> MemoryPlan:
     """Place shards (``(postings, entries)`` each) within ``budget`` bytes, leaving room for >= 1 row.
 
     ``row_bytes`` is the device memory per query of a batch (the dense path's ``ROW_BYTES_PER_DOC`` per doc
-    by default), ``work_bytes`` what the scoring needs whatever the batch. Shards are kept resident in index
+    by default), ``work_bytes`` what the scoring needs whatever the batch, ``table_bytes`` tables kept beside the
+    shards (counted like the working memory). Shards are kept resident in index
     order as long as they fit; the rest stream. Raises ``MemoryPlanError`` when not even the norms, one row,
     the working memory and the staging area fit.
     """
@@ -66,7 +69,7 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
         raise ValueError(f"max_batch must be >= 1, got {max_rows}")
     if row_bytes is None:
         row_bytes = ROW_BYTES_PER_DOC * num_docs
-    fixed = num_docs + row_bytes + work_bytes
+    fixed = num_docs + row_bytes + work_bytes + table_bytes
     sizes = [shard_device_bytes(p, e) for p, e in shards]
     if fixed + sum(sizes) <= budget:
         resident, streamed = tuple(range(len(shards))), ()
@@ -80,7 +83,8 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
         if room < 0:
             raise MemoryPlanError(
                 f"the GPU backend needs at least {fixed + stage:,} bytes of device memory (norms {num_docs:,}, "
-                f"one query row {row_bytes:,}, scoring work {work_bytes:,}, staging for the largest shard "
+                f"one query row {row_bytes:,}, scoring work {work_bytes:,}, tables {table_bytes:,}, staging for the "
+                f"largest shard "
                 f"{stage:,}); the budget is "
                 f"{budget:,} bytes: free device memory or raise memory_bytes")
         res = []
@@ -92,8 +96,8 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
         streamed = tuple(i for i in range(len(shards)) if i not in res)
     resident_bytes = sum(sizes[i] for i in resident)
     staging = shard_device_bytes(stage_p, stage_e - 1) if streamed else 0
-    spare = budget - num_docs - work_bytes - resident_bytes - staging
+    spare = budget - num_docs - work_bytes - table_bytes - resident_bytes - staging
     rows = max(1, min(max_rows, spare // row_bytes)) if row_bytes else max_rows
     return MemoryPlan(budget=budget, norms_bytes=num_docs, resident=resident, streamed=streamed,
                       resident_bytes=resident_bytes, staging_postings=stage_p, staging_entries=stage_e,
-                      rows=int(rows), row_bytes=row_bytes, work_bytes=work_bytes)
+                      rows=int(rows), row_bytes=row_bytes, work_bytes=work_bytes, table_bytes=table_bytes)

@@ -168,7 +168,7 @@ def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: 
                              planner.offsets, planner.blk_start, planner.blk_id, n_rows, n_blocks, row_flat))
 
 
-_sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)
+sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)  # compiled: a single query waits on its call
 
 
 @njit(cache=True, nogil=True)
@@ -186,7 +186,7 @@ def _plan_queries(terms, weights, lens, auto, min_q, term_ptr, offsets, blk_star
     m = 0
     at = 0
     for r in range(n_rows):
-        if auto and _sum_is_exact(weights[at:at + lens[r]], min_q):
+        if auto and sum_is_exact(weights[at:at + lens[r]], min_q):
             flat[r] = 1
         for j in range(at, at + lens[r]):
             t = terms[j]
@@ -366,6 +366,43 @@ def triton_available() -> bool:
     return triton is not None
 
 
+@dataclass
+class QueryTables:
+    """Device tables ``plan_single`` plans a query from (addresses): every shard's ``term_ptr`` side by side (u32,
+    [terms + 1, shards]: row t holds every shard's pointer of term t), each doc block's shard (i32), and per shard its
+    entry base in the arena, posting base, first block and number of blocks (i64, [4, shards]); the arena's
+    ``blk_id`` and ``blk_start``. ``keep`` holds the tensors."""
+
+    term_ptr: int
+    n_shards: int
+    blk_shard: int
+    shards: int
+    blk_id: int
+    blk_start: int
+    keep: tuple
+
+    @staticmethod
+    def nbytes(planner: ItemPlanner, n_blocks: int) -> int:
+        """Device bytes of the tables (the arena's are counted with the shards)."""
+        return 4 * planner.term_ptr.size + 4 * n_blocks + 32 * planner.term_ptr.shape[1]
+
+    @staticmethod
+    def build(planner: ItemPlanner, ebase: np.ndarray, pbase: np.ndarray, blocks: list[tuple[int, int]],
+              blk_id: torch.Tensor, blk_start: torch.Tensor, device: torch.device) -> "QueryTables":
+        """From the planner's ``term_ptr``, every shard's arena bases (``ebase``, ``pbase``: all resident) and block
+        range ``[start, end)``."""
+        n_blocks = max((e for _, e in blocks), default=0)
+        blk_shard = np.zeros(n_blocks, np.int32)
+        for i, (b0, b1) in enumerate(blocks):
+            blk_shard[b0:b1] = i
+        shards = np.array([ebase, pbase, [b for b, _ in blocks], [e - b for b, e in blocks]], np.int64)
+        term_ptr = torch.from_numpy(np.ascontiguousarray(planner.term_ptr).view(np.int32)).to(device)
+        blk_shard_t, shards_t = torch.from_numpy(blk_shard).to(device), torch.from_numpy(shards).to(device)
+        return QueryTables(term_ptr.data_ptr(), len(blocks), blk_shard_t.data_ptr(), shards_t.data_ptr(),
+                           blk_id.data_ptr(), blk_start.data_ptr(),
+                           (term_ptr, blk_shard_t, shards_t, blk_id, blk_start))
+
+
 class TileScorer:
     """Device buffers and launches of the tiled pipeline for one index (see the module docstring). One caller at a
     time (the gpu backend's searches are serialised): buffers and launch arguments are reused."""
@@ -379,6 +416,7 @@ class TileScorer:
         self.device = device
         self.programs = _programs(device)
         self.n_tiles = (num_docs + self.tile - 1) // self.tile
+        self.n_blocks = -(-num_docs // block_size)
         # Zero at rest: the collect kernel clears what it reads, so no batch starts by zeroing them.
         self.maxima = torch.zeros((max_rows, self.n_groups), dtype=torch.float32, device=device)
         self.tile_maxima = torch.zeros((max_rows, self.n_tiles), dtype=torch.float32, device=device)
@@ -406,6 +444,9 @@ class TileScorer:
         self._rest_host: torch.Tensor | None = None
         self._started: tuple[int, int, int, int] | None = None  # rows, k, capacity, peek of a started top-k
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
+        self._query_tables: QueryTables | None = None  # set where single queries are planned on the device
+        self._qtable = torch.empty(0, dtype=torch.int64, device=device)  # their plan
+        self._query = np.zeros(TC.QUERY_BYTES // 4, np.int32)  # plan_single's Query struct
         self._kernels = None
         if SCORER == "cuda" and device.type == "cuda" and self.group == 32:
             try:
@@ -459,54 +500,28 @@ class TileScorer:
         self._copies.to_device(self._table_dev.data_ptr(), self._table_host.data_ptr(), 8 * n, self._stream)
         return self._table_dev  # its first n words; the caller records _table_sent after the first launch using it
 
-    def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
-        """Score a plan's tiles for a top-``k``: their maxima, and the f32 scores of the groups that matched and
-        hold one of the tile's k best docs."""
-        k_tile = k if k < self.tile // self.group else 0  # 0: every matched group
-        n_ent, n_pairs = plan.n_ent, plan.n_pairs
-        if n_ent == 0:
-            return
+    def _bounds_room(self, n_ent: int) -> torch.Tensor:
         if self._bounds.numel() < n_ent * self.tpb:
             self._bounds = torch.empty(max(n_ent * self.tpb, 2 * self._bounds.numel()), dtype=torch.int32,
                                        device=self.device)
-        bounds = self._bounds
-        n_units = n_pairs * self.tpb
-        kn = self._kernels
+        return self._bounds
+
+    def score(self, plan: TilePlan, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
+        """Score a plan's tiles for a top-``k``: their maxima, and the f32 scores of the groups that matched and
+        hold one of the tile's k best docs."""
+        n_ent, n_pairs = plan.n_ent, plan.n_pairs
+        if n_ent == 0:
+            return
+        bounds = self._bounds_room(n_ent)
         dev = self._upload(plan.table)
-        if kn is not None:
+        if self._kernels is not None:
             # Addresses, not tensors or views: a slice, or finding a tensor's pointer at launch, costs microseconds
             # of host time, and a single query waits on them (from the plan's upload to the first launch most).
-            ent = dev.data_ptr()
-            post = post.data_ptr()
-            kn.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post,
-                      bounds.data_ptr(), self.tf_bits, stream=self._stream)
+            ent, post = dev.data_ptr(), post.data_ptr()
+            self._kernels.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post,
+                                 bounds.data_ptr(), self.tf_bits, stream=self._stream)
             self._copies.record(self._table_sent, self._stream)
-            pairs, norms, cache, bounds = ent + 8 * plan.pairs_at, norms.data_ptr(), cache.data_ptr(), bounds.data_ptr()
-            maxima, tile_maxima, scores, theta, no_theta = self._fixed_ptrs
-            threads = TC.threads(self.tile)
-            unit_args = (ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, maxima, tile_maxima, scores,
-                         self.num_docs, self.n_groups, self.n_tiles, self.tf_bits, self.block_size, k_tile)
-            step = sample_step(n_units, plan.rows, k)
-            if not step:
-                kn.scorer(n_units, threads, *unit_args, no_theta, 1, 0, stream=self._stream)
-                return
-            # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs. Few tiles
-            # reach it (k / m of them, m sampled a row): a pass bounding every unit's maximum lists those whose tile
-            # may, and only they are scored. Many: every other unit is scored, and those below it skip their read-out.
-            filtered = FILTER_RATIO * k <= n_units // plan.rows // step
-            if filtered and self._listed.numel() < 2 + n_units:  # [0]: the count (8 bytes cleared by kth)
-                self._listed = torch.empty(max(2 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
-                                           device=self.device)
-            listed = self._listed.data_ptr()
-            kn.scorer(-(-n_units // step), threads, *unit_args, no_theta, step, 0, stream=self._stream)
-            kn.kth(plan.rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed if filtered else 0,
-                   stream=self._stream)
-            if not filtered:
-                kn.scorer(n_units, threads, *unit_args, theta, 1, step, stream=self._stream)
-                return
-            kn.filter(n_units, threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
-                      self.tf_bits, self.block_size, theta, listed, stream=self._stream)
-            kn.listed(kn.listed_grid, threads, *unit_args, theta, listed, stream=self._stream)
+            self._score_units(ent, n_ent, ent + 8 * plan.pairs_at, n_pairs, plan.rows, post, norms, cache, k)
             return
         # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
         ent, pairs = dev[:3 * n_ent], dev[plan.pairs_at:]
@@ -515,12 +530,86 @@ class TileScorer:
         if self._copies is not None:
             self._copies.record(self._table_sent, self._stream)
         # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
-        _tile_kernel[(min(n_units, self.programs),)](
-            ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
+        _tile_kernel[(min(n_pairs * self.tpb, self.programs),)](
+            ent, n_ent, pairs, n_pairs, n_pairs * self.tpb, post, norms, cache, bounds, self.scratch, self.maxima,
             self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
-            (1 << self.tf_bits) - 1, self.block_size, k_tile,
+            (1 << self.tf_bits) - 1, self.block_size, self._k_tile(k),
             TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, EB=ENTRY_BLOCK, num_warps=NUM_WARPS,
             enable_fp_fusion=False)
+
+    def plans_on_device(self, query: QueryTerms) -> bool:
+        """May ``score_query`` plan this query on the device (CUDA kernels, ``set_query_tables`` called, few enough
+        terms)?"""
+        return self._query_tables is not None and 0 < len(query) <= TC.QMAX
+
+    def set_query_tables(self, tables: "QueryTables") -> None:
+        """The device tables ``score_query`` plans from (every shard resident)."""
+        self._query_tables = tables if self._kernels is not None else None
+
+    def score_query(self, query: QueryTerms, flat: bool, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
+                    k: int) -> None:
+        """``score`` of one query (``plans_on_device``) planned on the device (``plan_query``): no host planning or
+        upload on the query's latency path; ``flat``: may its terms be added at once (``bm25.sum_is_exact``)."""
+        post = post.data_ptr()
+        n_ent, at = self.plan_query(query, flat, post)
+        table = self._qtable.data_ptr()
+        self._score_units(table, n_ent, table + 8 * at, self.n_blocks, 1, post, norms, cache, k)
+
+    def plan_query(self, query: QueryTerms, flat: bool, post: int) -> tuple[int, int]:
+        """Queue ``plan_single``: the query's dense plan (every doc block a pair, every (block, term) an entry) in the
+        plan buffer, its tile ranges in the bounds buffer; returns its number of entries and where its pair columns
+        start."""
+        qt, nt, n_blocks = self._query_tables, len(query), self.n_blocks
+        n_ent = n_blocks * nt
+        at = 3 * n_ent + ((3 * n_ent) & 1)
+        if self._qtable.numel() < at + 5 * n_blocks:
+            self._qtable = torch.empty(max(at + 5 * n_blocks, 2 * self._qtable.numel()), dtype=torch.int64,
+                                       device=self.device)
+        bounds = self._bounds_room(n_ent).data_ptr()
+        q = self._query
+        q[0], q[1] = nt, flat
+        q[2:2 + nt] = query.term_ids
+        q[2 + TC.QMAX:2 + TC.QMAX + nt] = query.weights.view(np.int32)
+        self._kernels.plan(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, q.tobytes(), qt.term_ptr,
+                           qt.n_shards, qt.blk_shard, qt.shards, qt.blk_id, qt.blk_start, post, n_blocks, at,
+                           self._qtable.data_ptr(), bounds, self.tf_bits, stream=self._stream)
+        return n_ent, at
+
+    def _k_tile(self, k: int) -> int:
+        return k if k < self.tile // self.group else 0  # 0: every matched group
+
+    def _score_units(self, ent: int, n_ent: int, pairs: int, n_pairs: int, rows: int, post: int, norms: torch.Tensor,
+                     cache: torch.Tensor, k: int) -> None:
+        """The CUDA scoring launches of a plan on the device (table at ``ent``, pair columns at ``pairs``) whose tile
+        ranges are in the bounds buffer."""
+        kn = self._kernels
+        n_units = n_pairs * self.tpb
+        norms, cache, bounds = norms.data_ptr(), cache.data_ptr(), self._bounds.data_ptr()
+        maxima, tile_maxima, scores, theta, no_theta = self._fixed_ptrs
+        threads = TC.threads(self.tile)
+        unit_args = (ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, maxima, tile_maxima, scores,
+                     self.num_docs, self.n_groups, self.n_tiles, self.tf_bits, self.block_size, self._k_tile(k))
+        step = sample_step(n_units, rows, k)
+        if not step:
+            kn.scorer(n_units, threads, *unit_args, no_theta, 1, 0, stream=self._stream)
+            return
+        # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs. Few tiles
+        # reach it (k / m of them, m sampled a row): a pass bounding every unit's maximum lists those whose tile
+        # may, and only they are scored. Many: every other unit is scored, and those below it skip their read-out.
+        filtered = FILTER_RATIO * k <= n_units // rows // step
+        if filtered and self._listed.numel() < 2 + n_units:  # [0]: the count (8 bytes cleared by kth)
+            self._listed = torch.empty(max(2 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
+                                       device=self.device)
+        listed = self._listed.data_ptr()
+        kn.scorer(-(-n_units // step), threads, *unit_args, no_theta, step, 0, stream=self._stream)
+        kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed if filtered else 0,
+               stream=self._stream)
+        if not filtered:
+            kn.scorer(n_units, threads, *unit_args, theta, 1, step, stream=self._stream)
+            return
+        kn.filter(n_units, threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
+                  self.tf_bits, self.block_size, theta, listed, stream=self._stream)
+        kn.listed(kn.listed_grid, threads, *unit_args, theta, listed, stream=self._stream)
 
     def _collect(self, rows: int, k: int, capacity: int) -> torch.Tensor:
         """Candidates of the rows scored since ``begin``: the count at [0], (index, score bits) pairs from [2]. The

@@ -27,9 +27,10 @@ reach the threshold by the same adds as an upper bound (a 2-ulp division and 32-
 atomics Hopper has in shared memory while a float's is a compare-and-swap loop; a margin for the rest; 16 blocks a
 multiprocessor instead of 12), and ``bm25_listed`` scores the listed ones exactly.
 
-``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search),
-the k-th largest tile maximum (radix select), the collect kernel, which also clears the maxima it read, and a single
-query's ranking of its candidates.
+``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search), a
+single query's whole plan with them (``plan_single``: no host planning on its latency path), the k-th largest tile
+maximum (radix select), the collect kernel, which also clears the maxima it read, and a single query's ranking of its
+candidates.
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ KTH_REG = 16  # tile maxima a kth_largest thread keeps in registers: all of a ro
 COLLECT_THREADS = 256
 SORT_MAX = 2048  # candidates of a single query ranked on the device (16 KiB of keys in shared memory)
 SORT_THREADS = SORT_MAX // 2
+QMAX = 128  # terms of a query planned on the device (``plan_single``'s parameter struct, 1 KiB); more: on the host
+QUERY_BYTES = 8 + 8 * QMAX
 
 SOURCE = r"""
 #define NG (TILE / 32)
@@ -426,6 +429,74 @@ extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long l
     bounds[i] = (int)lo;
 }
 
+// A single query's plan, made on the device (the host's plan costs a single query tens of microseconds of its latency),
+// with its tile ranges: dense, every doc block a pair and every (block, query term) an entry, e = b * nt + j with the
+// terms in ascending id, so a block's entries are in the canonical order; an entry whose term has no posting in the
+// block has count 0. The table is the host plan's (ent columns start, count, weight bits; pair columns at pairs_at:
+// row, block, i0, i1, flat), and bounds tile_bounds'. A thread for each (entry, tile).
+struct Query {
+    int n, flat;  // terms; may its sums be formed in any order (bm25.sum_is_exact)
+    unsigned term[QMAX];  // ascending
+    int wbits[QMAX];  // f32 weights' bits
+};
+
+extern "C" __global__ void plan_single(const __grid_constant__ Query q, const unsigned* __restrict__ term_ptr,
+    int n_shards, const int* __restrict__ blk_shard, const long long* __restrict__ shards,
+    const unsigned* __restrict__ blk_id, const unsigned* __restrict__ blk_start, const unsigned* __restrict__ post,
+    long long n_blocks, long long pairs_at, long long* __restrict__ table, int* __restrict__ bounds, int tf_bits)
+{
+    const long long nt = q.n, n_ent = n_blocks * nt;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_ent * TPB) return;
+    const long long e = i / TPB, b = e / nt;
+    const int tile = (int)(i % TPB), j = (int)(e % nt);
+    // shards: [entry base in the arena, posting base, first block, blocks], a row each of n_shards
+    const int sh = blk_shard[b];
+    const long long t = q.term[j], base = shards[sh];
+    long long lo = base + term_ptr[t * n_shards + sh];
+    const long long end = base + term_ptr[(t + 1) * n_shards + sh];
+    const long long b0 = shards[2 * n_shards + sh];
+    if (end - lo == shards[3 * n_shards + sh]) {  // the term is in every block of the shard
+        lo += b - b0;
+    } else {  // the term's entries are in block order: the first at block b or after
+        long long hi = end;
+        while (lo < hi) {
+            const long long mid = (lo + hi) >> 1;
+            if (__ldg(blk_id + mid) < (unsigned)b) lo = mid + 1;
+            else hi = mid;
+        }
+    }
+    long long start = 0, count = 0;
+    if (lo < end && __ldg(blk_id + lo) == (unsigned)b) {
+        const unsigned a = __ldg(blk_start + lo);
+        start = shards[n_shards + sh] + a;
+        count = __ldg(blk_start + lo + 1) - a;
+    }
+    if (tile == 0) {
+        table[e] = start;
+        table[n_ent + e] = count;
+        table[2 * n_ent + e] = q.wbits[j];
+        if (j == 0) {
+            long long* pairs = table + pairs_at;
+            pairs[b] = 0;
+            pairs[n_blocks + b] = b;
+            pairs[2 * n_blocks + b] = b * nt;
+            pairs[3 * n_blocks + b] = (b + 1) * nt;
+            pairs[4 * n_blocks + b] = q.flat;
+        }
+    }
+    const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
+    const unsigned* p = post + start;
+    long long hi = count;
+    lo = 0;
+    while (lo < hi) {
+        const long long mid = (lo + hi) >> 1;
+        if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
+        else hi = mid;
+    }
+    bounds[i] = (int)lo;
+}
+
 // thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
 // radix select on their bit patterns (non-negative floats order like unsigned integers): 4 passes of 8 bits, each
 // counting the values that share the digits found so far. A thread keeps its first KTH_REG values in registers (one
@@ -620,12 +691,13 @@ def defines(tile: int, tpb: int) -> dict[str, int]:
     return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
             "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
             "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS,
-            "SORT_MAX": SORT_MAX, "SORT_THREADS": SORT_THREADS}
+            "SORT_MAX": SORT_MAX, "SORT_THREADS": SORT_THREADS, "QMAX": QMAX}
 
 
 class TileKernels:
-    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``, ``kth``,
-    ``collect`` and ``rank`` (``SELECT_SOURCE``); launch the first three with ``threads(tile)`` threads a block."""
+    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``, ``plan``,
+    ``kth``, ``collect`` and ``rank`` (``SELECT_SOURCE``); launch the first three with ``threads(tile)`` threads a
+    block."""
 
     def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
         module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in
@@ -640,3 +712,5 @@ class TileKernels:
         self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
         self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64"])
         self.rank = module.kernel("rank_candidates", ["ptr", "i64"])
+        self.plan = module.kernel("plan_single", [f"b{QUERY_BYTES}", "ptr", "i32", "ptr", "ptr", "ptr", "ptr", "ptr",
+                                                  "i64", "i64", "ptr", "ptr", "i32"])
