@@ -21,8 +21,7 @@ class _Driver:
     def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> int:
         ptrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
         kinds = {"ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
-        vals = [ctypes.string_at(ptrs[i], int(t[1:])) if t[0] == "b" else
-                ctypes.cast(ptrs[i], ctypes.POINTER(kinds[t])).contents.value for i, t in enumerate(self.signature)]
+        vals = [ctypes.cast(ptrs[i], ctypes.POINTER(kinds[t])).contents.value for i, t in enumerate(self.signature)]
         self.launches.append(((gx, gy, bx, stream), vals))
         return 0
 
@@ -38,15 +37,3 @@ def test_arguments_reach_the_parameter_slots():
                                ((5, 1, 64, 12), [0, 1, 2, t.data_ptr(), 0.0, 3, 4])]
     with pytest.raises(TypeError, match="expected 7 arguments, got 6"):
         kernel(1, 32, t, 1, 2, 3, 4.0, 5, stream=0)
-
-
-def test_struct_arguments_by_value():
-    """``b<N>`` parameters: N bytes (zero-padded when shorter), the next parameter in the 8-byte slot after them."""
-    sig = ["i32", "b12", "ptr", "b3", "i64"]
-    driver = _Driver(sig)
-    kernel = CudaKernel(SimpleNamespace(device=torch.device("cpu"), _cuda=driver), ctypes.c_void_p(1), sig)
-    blob = np.arange(3, dtype=np.int32).tobytes()
-    kernel(1, 32, 5, blob, 0xABC, b"xy", -3, stream=0)
-    assert driver.launches[0][1] == [5, blob, 0xABC, b"xy\0", -3]
-    with pytest.raises(ValueError, match="unknown kernel parameter type 'b0'"):
-        CudaKernel(SimpleNamespace(device=torch.device("cpu"), _cuda=driver), ctypes.c_void_p(1), ["b0"])

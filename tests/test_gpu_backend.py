@@ -425,6 +425,10 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     monkeypatch.setattr(g, "_launch_chunk", lambda *a: (launches.append(1), launch(*a)))
     assert_parity(g, cpu, queries[:64], 100)
     assert len(launches) > 4
+    launches.clear()
+    for q in [q for q in queries[64:100] if len(q)][:16]:  # one at a time: a graph, then launches with more room
+        assert_parity(g, cpu, [q], 100)
+    assert len(launches) > 4
     assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
 
 
@@ -541,16 +545,18 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
             assert tiles.plans_on_device(q)
             want = plan_queries(planner, [q], g._pbase, n_blocks, False, 0.0)
             tiles.begin(1)
-            n_ent, at = tiles.plan_query(q, True, g._post.data_ptr())
+            tiles._set_query(q, True)
+            tiles._queue_plan(g._post.data_ptr())
             torch.cuda.synchronize()
-            got = tiles._qtable[:at + 5 * n_blocks].cpu().numpy()
-            bounds = tiles._bounds[:n_ent * tiles.tpb].cpu().numpy().reshape(n_ent, tiles.tpb)
-            nt = len(q)
-            assert n_ent == n_blocks * nt and at % 2 == 0
-            pairs = got[at:].reshape(5, n_blocks)
+            nt, stride = len(q), tiles.stride
+            n_ent = n_blocks * nt
+            got = tiles._qtable.cpu().numpy()
+            bounds = tiles._qbounds[:n_ent * tiles.tpb].cpu().numpy().reshape(n_ent, tiles.tpb)
+            assert stride == n_blocks * TC.QMAX
+            pairs = got[3 * stride:].reshape(5, n_blocks)
             assert (pairs[0] == 0).all() and pairs[1].tolist() == list(range(n_blocks)) and (pairs[4] == 1).all()
             assert pairs[2].tolist() == [b * nt for b in range(n_blocks)] and (pairs[3] - pairs[2] == nt).all()
-            ent = got[:3 * n_ent].reshape(3, n_blocks, nt)  # start, count, weight bits by (block, term)
+            ent = got[:3 * stride].reshape(3, stride)[:, :n_ent].reshape(3, n_blocks, nt)  # start, count, weight bits
             assert (ent[2] == q.weights.view(np.int32)[None, :]).all()
             expect = np.zeros((2, n_blocks, nt), np.int64)  # start, count: every shard's entries of each term
             for j, t in enumerate(q.term_ids.astype(np.int64)):
@@ -570,9 +576,11 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypatch):
-    """One query at a time: up to QMAX terms planned on the device, more on the host; both give the cpu backend's
+    """One query at a time: up to QMAX terms planned on the device and run as one graph launch (captured once for each k
+    and BM25 parameters; launch by launch when stage times are asked for), more on the host; all give the cpu backend's
     top-k, with the sums in any order or term after term."""
     from ragserve.backends import gpu_tiles_cuda as TC
+    from ragserve.searcher import KernelTimes
 
     reader, cpu, queries = arguana
     qs = [q for q in queries if 0 < len(q) <= TC.QMAX][:20]
@@ -585,11 +593,19 @@ def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypa
     monkeypatch.setattr(gpu_tiles, "plan_queries", lambda *a: (host.append(len(a[1])), plan(*a))[1])
     for term_order in ("auto", "ascending"):
         g = GpuBackend(reader, kernel="triton", max_batch=8, term_order=term_order)
-        for k in (10, 1000):
+        captures = []
+        capture = g._tiles._copies.capture
+        monkeypatch.setattr(g._tiles._copies, "capture", lambda *a: (captures.append(1), capture(*a))[1])
+        for k, k1, b in ((10, 0.9, 0.4), (1000, 0.9, 0.4), (10, 1.2, 0.75)):
             host.clear()
             for q in qs + [long_q]:
-                assert cpu.search_terms([q], k, 0.9, 0.4)[0].same_as(g.search_terms([q], k, 0.9, 0.4)[0]), k
+                assert cpu.search_terms([q], k, k1, b)[0].same_as(g.search_terms([q], k, k1, b)[0]), k
+            for q in qs[:4]:
+                times = KernelTimes()
+                assert cpu.search_terms([q], k, k1, b)[0].same_as(g.search_terms([q], k, k1, b, times)[0]), k
+                assert times.relevancy > 0
             assert host == [1]  # only the long query
+        assert len(captures) == 3
         g.close()
 
 

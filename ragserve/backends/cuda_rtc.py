@@ -1,5 +1,5 @@
 """Compile CUDA C at run time (NVRTC) and launch it on torch's current stream (CUDA driver API, via ctypes);
-copies through pinned memory and events straight through the driver (``StreamCopies``).
+copies through pinned memory, events and captured graphs straight through the driver (``StreamCopies``).
 
 No CUDA toolkit is needed: torch's CUDA wheels bring libnvrtc and the driver brings libcuda. Used where a kernel
 needs what Triton does not expose (shared memory indexed per thread, block barriers), see ``gpu_tiles_cuda``, and
@@ -12,21 +12,11 @@ import glob
 import os
 import struct
 import sys
+from typing import Callable
 
 import torch
 
 PACK = {"ptr": "Q", "i32": "i4x", "i64": "q", "f32": "f4x"}  # a kernel parameter's struct format in its 8-byte slot
-
-
-def _slot(kind: str) -> str:
-    """A parameter's struct format: ``PACK``'s, or ``b<N>`` for an N-byte struct passed by value (bytes), padded to
-    8-byte slots."""
-    if kind in PACK:
-        return PACK[kind]
-    n = int(kind[1:]) if kind[:1] == "b" and kind[1:].isdigit() else 0
-    if n <= 0:
-        raise ValueError(f"unknown kernel parameter type {kind!r}")
-    return f"{n}s{-n % 8}x"
 
 
 class RtcError(RuntimeError):
@@ -112,21 +102,18 @@ class CudaModule:
 
 class CudaKernel:
     """One function of a ``CudaModule``; ``signature`` names each parameter's type (``ptr`` for a tensor, ``i32``,
-    ``i64``, ``f32``; ``b<N>`` an N-byte struct by value, passed as ``bytes``). Its arguments are packed into one
-    reused buffer (a launch costs a few microseconds of Python instead of tens), so one kernel object must not be
-    launched from two threads at once."""
+    ``i64``, ``f32``). Its arguments are packed into one reused buffer (a launch costs a few microseconds of Python
+    instead of tens), so one kernel object must not be launched from two threads at once."""
 
     def __init__(self, module: CudaModule, func: ctypes.c_void_p, signature: list[str]) -> None:
         self.device, self._cuda, self._func = module.device, module._cuda, func
         self._module = module  # keeps the module loaded
         self._n = len(signature)
-        # 8-byte slots (an i32 or f32 in its first 4 bytes; a struct in as many as it needs), packed by one struct call.
-        slots = [_slot(t) for t in signature]
-        self._pack = struct.Struct("<" + "".join(slots)).pack_into
-        offsets = [struct.calcsize("<" + "".join(slots[:i])) for i in range(self._n)]
-        self._buf = ctypes.create_string_buffer(max(8, struct.calcsize("<" + "".join(slots))))
+        # One 8-byte slot per parameter (an i32 or f32 in its first 4 bytes), packed by one struct call.
+        self._pack = struct.Struct("<" + "".join(PACK[t] for t in signature)).pack_into
+        self._buf = ctypes.create_string_buffer(8 * max(1, self._n))
         base = ctypes.addressof(self._buf)
-        self._params = (ctypes.c_void_p * max(1, self._n))(*[base + o for o in offsets])
+        self._params = (ctypes.c_void_p * max(1, self._n))(*[base + 8 * i for i in range(self._n)])
 
     def occupancy(self, block: int) -> tuple[int, int]:
         """(registers per thread, blocks a multiprocessor holds at once) when launched with ``block`` threads."""
@@ -153,10 +140,11 @@ class CudaKernel:
 
 
 class StreamCopies:
-    """Asynchronous copies between pinned host memory and the device, and events to wait for, straight through the
-    driver: a few microseconds of Python each where a torch copy costs tens (a single query's latency is mostly
-    such host work). Addresses are ``data_ptr()`` values, streams ``cuda_stream`` handles. Create it with the
-    device's context current (inside ``torch.cuda.device``)."""
+    """Asynchronous copies between pinned host memory and the device, events to wait for, and graphs (the work queued
+    on a stream, captured once and replayed by one launch), straight through the driver: a few microseconds of Python
+    each where a torch copy costs tens (a single query's latency is mostly such host work). Addresses are
+    ``data_ptr()`` values, streams ``cuda_stream`` handles. Create it with the device's context current (inside
+    ``torch.cuda.device``)."""
 
     def __init__(self) -> None:
         self._cuda = _driver()
@@ -165,8 +153,10 @@ class StreamCopies:
         self._cuda.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self._cuda.cuEventSynchronize.argtypes = [ctypes.c_void_p]
         self._cuda.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        self._cuda.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self._events: list[ctypes.c_void_p] = []
         self._streams: list[ctypes.c_void_p] = []
+        self._graphs: set[int] = set()
 
     def event(self) -> ctypes.c_void_p:
         """A new event (no timing); it is destroyed with this object."""
@@ -200,7 +190,42 @@ class StreamCopies:
     def to_host(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         _check_driver(self._cuda, self._cuda.cuMemcpyDtoHAsync_v2(dst, src, nbytes, stream), "cuMemcpyDtoHAsync")
 
+    def capture(self, stream: int, queue: Callable[[], None]) -> int:
+        """A graph of the work ``queue()`` puts on ``stream`` (one this object made: not the legacy default stream),
+        instantiated: nothing runs until ``launch_graph``. A copy in it reads its pinned host source when the graph
+        runs; kernel arguments are fixed as they were queued."""
+        _check_driver(self._cuda, self._cuda.cuStreamBeginCapture_v2(ctypes.c_void_p(stream), 2),  # RELAXED
+                      "cuStreamBeginCapture")
+        graph = ctypes.c_void_p()
+        try:
+            queue()
+        except BaseException:  # the stream leaves capture mode, and the partial graph goes
+            self._cuda.cuStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph))
+            if graph.value:
+                self._cuda.cuGraphDestroy(graph)
+            raise
+        _check_driver(self._cuda, self._cuda.cuStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph)),
+                      "cuStreamEndCapture")
+        exe = ctypes.c_void_p()
+        try:
+            _check_driver(self._cuda, self._cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph,
+                                                                             ctypes.c_ulonglong(0)),
+                          "cuGraphInstantiate")
+        finally:
+            self._cuda.cuGraphDestroy(graph)
+        self._graphs.add(exe.value)
+        return exe.value
+
+    def launch_graph(self, graph: int, stream: int) -> None:
+        _check_driver(self._cuda, self._cuda.cuGraphLaunch(graph, stream), "cuGraphLaunch")
+
+    def drop_graph(self, graph: int) -> None:
+        self._graphs.discard(graph)
+        self._cuda.cuGraphExecDestroy(ctypes.c_void_p(graph))
+
     def __del__(self) -> None:
+        for g in getattr(self, "_graphs", ()):
+            self._cuda.cuGraphExecDestroy(ctypes.c_void_p(g))
         for ev in getattr(self, "_events", ()):
             self._cuda.cuEventDestroy_v2(ev)
         for st in getattr(self, "_streams", ()):

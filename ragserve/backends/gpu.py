@@ -94,7 +94,7 @@ class GpuBackend(Backend):
                                     [s.blk_id for s in index.shards])
         # The CUDA tile kernels plan single queries on the device where every shard fits beside its term_ptr.
         device_plans = tiled and self._cuda and T.SCORER == "cuda"
-        tables = T.QueryTables.nbytes(self._planner, self._n_blocks) if device_plans else 0
+        tables = T.QueryTables.nbytes(self._planner, self._n_blocks, index.block_size) if device_plans else 0
         self.plan: MemoryPlan = self._plan_memory(shard_sizes, int(memory_bytes), max_batch, tiled, tables)
         if self.plan.streamed and tables:
             self.plan = self._plan_memory(shard_sizes, int(memory_bytes), max_batch, tiled, 0)
@@ -272,6 +272,10 @@ class GpuBackend(Backend):
             host_scoring[0] += time.perf_counter() - t  # the scoring itself where kernels run on the host
 
         cur = self._plan_chunk(batches[0], min_q)
+        if len(batches) == 1 and isinstance(cur[1], QueryTerms) and times is None:  # one query: one graph launch
+            tiles.begin(1)
+            tiles.start_query(cur[1], cur[3], self._post, self._norms, cache, k)
+            return [tiles.finish_topk(functools.partial(launch, cur))[0]]
         launch(cur)
         for n in range(len(batches)):
             tiles.start_topk(len(batches[n]), k)

@@ -25,11 +25,14 @@ threshold writes nothing.
 Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
 vectorised binary search (``_bounds_kernel``); the scoring kernel then walks contiguous posting ranges.
 
-A single query's latency is mostly host work around a few hundred microseconds of kernels, so the host path is
+A single query's latency is mostly host work around a hundred or two microseconds of kernels, so the host path is
 lean: one compiled call plans a batch (``plan_queries``), the CUDA kernels launch through reused ctypes argument
 holders, the plan and the first candidates travel through pinned buffers on the caller's stream, and a single
 query's candidates are ranked on the device (up to ``SORT_MAX``; the host's ranking of 1,000 took ~130 us on the
-H200 machine's host).
+H200 machine's host). A single query of up to ``QMAX`` terms is planned on the device (``plan_single``, from every
+shard's ``term_ptr`` kept there: ``QueryTables``), and its copy, plan, scoring, selection and read-back are one
+CUDA graph, captured once for each k and BM25 parameters (``start_query``): the host launches once instead of a
+dozen times, and the device no longer waits between kernels for the host to launch the next.
 """
 from __future__ import annotations
 
@@ -80,6 +83,7 @@ SAMPLE_MIN_UNITS = 16384
 # reach the sample's threshold (H200, 21M docs, 64 queries, k = 10: scoring -15%, about 6% listed; where nearly all
 # are, the filter's pass is added work: k = 1000 +50%).
 FILTER_RATIO = 4
+MAX_GRAPHS = 8  # single-query graphs kept (one for each k and BM25 parameters asked for lately)
 SCORER = "cuda"  # tile scoring kernel on CUDA devices: "cuda" (gpu_tiles_cuda, if NVRTC loads) or "triton"
 
 
@@ -382,9 +386,12 @@ class QueryTables:
     keep: tuple
 
     @staticmethod
-    def nbytes(planner: ItemPlanner, n_blocks: int) -> int:
-        """Device bytes of the tables (the arena's are counted with the shards)."""
-        return 4 * planner.term_ptr.size + 4 * n_blocks + 32 * planner.term_ptr.shape[1]
+    def nbytes(planner: ItemPlanner, n_blocks: int, block_size: int) -> int:
+        """Device bytes of the tables (the arena's are counted with the shards) and of the plan made from them
+        (``TileScorer.set_query_tables``)."""
+        tpb = block_size // tile_size(block_size)
+        plan = n_blocks * TC.QMAX * (24 + 4 * tpb) + 40 * n_blocks + 4 * TC.QUERY_WORDS
+        return 4 * planner.term_ptr.size + 4 * n_blocks + 32 * planner.term_ptr.shape[1] + plan
 
     @staticmethod
     def build(planner: ItemPlanner, ebase: np.ndarray, pbase: np.ndarray, blocks: list[tuple[int, int]],
@@ -445,8 +452,7 @@ class TileScorer:
         self._started: tuple[int, int, int, int] | None = None  # rows, k, capacity, peek of a started top-k
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
         self._query_tables: QueryTables | None = None  # set where single queries are planned on the device
-        self._qtable = torch.empty(0, dtype=torch.int64, device=device)  # their plan
-        self._query = np.zeros(TC.QUERY_BYTES // 4, np.int32)  # plan_single's Query struct
+        self._graphs: dict[tuple[int, int], tuple[int, int, int]] = {}  # (k, cache) -> graph, its found and listed
         self._kernels = None
         if SCORER == "cuda" and device.type == "cuda" and self.group == 32:
             try:
@@ -521,7 +527,8 @@ class TileScorer:
             self._kernels.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post,
                                  bounds.data_ptr(), self.tf_bits, stream=self._stream)
             self._copies.record(self._table_sent, self._stream)
-            self._score_units(ent, n_ent, ent + 8 * plan.pairs_at, n_pairs, plan.rows, post, norms, cache, k)
+            self._score_units(ent, n_ent, ent + 8 * plan.pairs_at, n_pairs, plan.rows, post, norms, cache, k,
+                              bounds.data_ptr())
             return
         # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
         ent, pairs = dev[:3 * n_ent], dev[plan.pairs_at:]
@@ -543,48 +550,92 @@ class TileScorer:
         return self._query_tables is not None and 0 < len(query) <= TC.QMAX
 
     def set_query_tables(self, tables: "QueryTables") -> None:
-        """The device tables ``score_query`` plans from (every shard resident)."""
-        self._query_tables = tables if self._kernels is not None else None
+        """The device tables ``score_query`` plans from (every shard resident), and the buffers of its plan: the
+        table's columns ``stride`` = blocks * QMAX entries apart whatever the query, so a graph replays it."""
+        if self._kernels is None:
+            return
+        self._query_tables = tables
+        self.stride = self.n_blocks * TC.QMAX
+        self._qtable = torch.empty(3 * self.stride + 5 * self.n_blocks, dtype=torch.int64, device=self.device)
+        self._qbounds = torch.empty(self.stride * self.tpb, dtype=torch.int32, device=self.device)
+        self._qdev = torch.empty(TC.QUERY_WORDS, dtype=torch.int32, device=self.device)
+        self._qhost = torch.zeros(TC.QUERY_WORDS, dtype=torch.int32, pin_memory=True)
+        self._qhost_np = self._qhost.numpy()
+        self._capture = self._copies.stream()  # graphs are captured on a stream of our own
 
     def score_query(self, query: QueryTerms, flat: bool, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
                     k: int) -> None:
         """``score`` of one query (``plans_on_device``) planned on the device (``plan_query``): no host planning or
-        upload on the query's latency path; ``flat``: may its terms be added at once (``bm25.sum_is_exact``)."""
-        post = post.data_ptr()
-        n_ent, at = self.plan_query(query, flat, post)
-        table = self._qtable.data_ptr()
-        self._score_units(table, n_ent, table + 8 * at, self.n_blocks, 1, post, norms, cache, k)
+        upload of a plan on the query's latency path; ``flat``: may its terms be added at once
+        (``bm25.sum_is_exact``)."""
+        self._set_query(query, flat)
+        self._queue_query(post.data_ptr(), norms, cache, k)
 
-    def plan_query(self, query: QueryTerms, flat: bool, post: int) -> tuple[int, int]:
-        """Queue ``plan_single``: the query's dense plan (every doc block a pair, every (block, term) an entry) in the
-        plan buffer, its tile ranges in the bounds buffer; returns its number of entries and where its pair columns
-        start."""
-        qt, nt, n_blocks = self._query_tables, len(query), self.n_blocks
-        n_ent = n_blocks * nt
-        at = 3 * n_ent + ((3 * n_ent) & 1)
-        if self._qtable.numel() < at + 5 * n_blocks:
-            self._qtable = torch.empty(max(at + 5 * n_blocks, 2 * self._qtable.numel()), dtype=torch.int64,
-                                       device=self.device)
-        bounds = self._bounds_room(n_ent).data_ptr()
-        q = self._query
+    def start_query(self, query: QueryTerms, flat: bool, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
+                    k: int) -> None:
+        """``score_query`` and ``start_topk(1, k)`` (after ``begin(1)``) as one launch of a CUDA graph, captured once for
+        each k and BM25 parameters: a single query's dozen launches cost the host tens of microseconds, and the
+        device waited on them. ``finish_topk`` as usual."""
+        capacity = self._capacity(1, k)
+        if self._found is None or self._found.numel() < 2 + 2 * capacity:
+            self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
+        if self._listed.numel() < 2 + self.n_blocks * self.tpb:
+            self._listed = torch.empty(2 + self.n_blocks * self.tpb, dtype=torch.int32, device=self.device)
+        key, post = (k, cache.data_ptr()), post.data_ptr()
+        ptrs = (self._found.data_ptr(), self._listed.data_ptr())
+        got = self._graphs.get(key)
+        if got is None or got[1:] != ptrs:  # buffers the graph writes have moved: capture it again
+            if got is not None:
+                self._copies.drop_graph(got[0])
+            elif len(self._graphs) >= MAX_GRAPHS:
+                self._copies.drop_graph(self._graphs.pop(next(iter(self._graphs)))[0])
+            stream, self._stream = self._stream, self._capture
+            try:
+                graph = self._copies.capture(self._capture, lambda: (self._queue_query(post, norms, cache, k),
+                                                                     self._queue_selection(1, k, capacity)))
+            finally:
+                self._stream = stream
+            got = self._graphs[key] = (graph, *ptrs)
+        self._set_query(query, flat)
+        self._copies.launch_graph(got[0], self._stream)
+        self._copies.record(self._head_back, self._stream)
+        self._dirty = 0  # its collect cleared the maxima
+        self._started = (1, k, capacity, self._peek(1, k, capacity))
+
+    def _set_query(self, query: QueryTerms, flat: bool) -> None:
+        """The query in the pinned buffer ``plan_single``'s input is copied from."""
+        q, nt = self._qhost_np, len(query)
         q[0], q[1] = nt, flat
         q[2:2 + nt] = query.term_ids
         q[2 + TC.QMAX:2 + TC.QMAX + nt] = query.weights.view(np.int32)
-        self._kernels.plan(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, q.tobytes(), qt.term_ptr,
-                           qt.n_shards, qt.blk_shard, qt.shards, qt.blk_id, qt.blk_start, post, n_blocks, at,
-                           self._qtable.data_ptr(), bounds, self.tf_bits, stream=self._stream)
-        return n_ent, at
+
+    def _queue_plan(self, post: int) -> None:
+        """Queue the query's copy to the device and ``plan_single``: its dense plan (every doc block a pair, every
+        (block, term) an entry) in ``_qtable``, with the tile ranges in ``_qbounds``."""
+        qt = self._query_tables
+        self._copies.to_device(self._qdev.data_ptr(), self._qhost.data_ptr(), 4 * TC.QUERY_WORDS, self._stream)
+        grid = -(-self.n_blocks * TC.PLAN_TERMS * self.tpb // TC.BOUNDS_THREADS)
+        self._kernels.plan(grid, TC.BOUNDS_THREADS, self._qdev.data_ptr(), qt.term_ptr, qt.n_shards, qt.blk_shard,
+                           qt.shards, qt.blk_id, qt.blk_start, post, self.n_blocks, self.stride,
+                           self._qtable.data_ptr(), self._qbounds.data_ptr(), self.tf_bits, stream=self._stream)
+
+    def _queue_query(self, post: int, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
+        """``_queue_plan`` and the scoring."""
+        self._queue_plan(post)
+        table = self._qtable.data_ptr()
+        self._score_units(table, self.stride, table + 24 * self.stride, self.n_blocks, 1, post, norms, cache, k,
+                          self._qbounds.data_ptr())
 
     def _k_tile(self, k: int) -> int:
         return k if k < self.tile // self.group else 0  # 0: every matched group
 
     def _score_units(self, ent: int, n_ent: int, pairs: int, n_pairs: int, rows: int, post: int, norms: torch.Tensor,
-                     cache: torch.Tensor, k: int) -> None:
-        """The CUDA scoring launches of a plan on the device (table at ``ent``, pair columns at ``pairs``) whose tile
-        ranges are in the bounds buffer."""
+                     cache: torch.Tensor, k: int, bounds: int) -> None:
+        """The CUDA scoring launches of a plan on the device (table at ``ent``, pair columns at ``pairs``, tile ranges
+        at ``bounds``)."""
         kn = self._kernels
         n_units = n_pairs * self.tpb
-        norms, cache, bounds = norms.data_ptr(), cache.data_ptr(), self._bounds.data_ptr()
+        norms, cache = norms.data_ptr(), cache.data_ptr()
         maxima, tile_maxima, scores, theta, no_theta = self._fixed_ptrs
         threads = TC.threads(self.tile)
         unit_args = (ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, maxima, tile_maxima, scores,
@@ -642,18 +693,32 @@ class TileScorer:
         """Queue the selection of the rows scored since ``begin`` (threshold, collect, the read-back of the count
         and the first candidates); ``finish_topk`` waits for it. The next batch may be scored in between: the
         collect has read and cleared what it needs."""
-        self._start(rows, k, max(MIN_CAPACITY, CANDIDATES_PER_HIT * k * rows))
+        self._start(rows, k, self._capacity(rows, k))
+
+    @staticmethod
+    def _capacity(rows: int, k: int) -> int:
+        return max(MIN_CAPACITY, CANDIDATES_PER_HIT * k * rows)
+
+    @staticmethod
+    def _peek(rows: int, k: int, capacity: int) -> int:
+        # About k a row reach the threshold (more at large k, where the tiles' maxima bound it loosely).
+        return min(capacity, PEEK, max(PEEK_MIN, PEEK_PER_HIT * k * rows))
 
     def _start(self, rows: int, k: int, capacity: int) -> None:
-        found = self._collect(rows, k, capacity)
-        # About k a row reach the threshold (more at large k, where the tiles' maxima bound it loosely).
-        peek = min(capacity, PEEK, max(PEEK_MIN, PEEK_PER_HIT * k * rows))
-        if self._copies is not None:  # the count and the first peek candidates in one transfer
-            self._copies.to_host(self._head.data_ptr(), found.data_ptr(), 8 * (2 + 2 * peek), self._stream)
+        self._queue_selection(rows, k, capacity)
+        if self._copies is not None:
             self._copies.record(self._head_back, self._stream)
+        self._started = (rows, k, capacity, self._peek(rows, k, capacity))
+
+    def _queue_selection(self, rows: int, k: int, capacity: int) -> None:
+        """Queue the threshold, the collect (and a single query's ranking) and the read-back of the count and the
+        first candidates, in one transfer."""
+        found = self._collect(rows, k, capacity)
+        peek = self._peek(rows, k, capacity)
+        if self._copies is not None:
+            self._copies.to_host(self._head.data_ptr(), found.data_ptr(), 8 * (2 + 2 * peek), self._stream)
         else:
             self._head[:2 + 2 * peek].copy_(found[:2 + 2 * peek])
-        self._started = (rows, k, capacity, peek)
 
     def finish_topk(self, rescore: Callable[[], None]) -> tuple[list[TopK], bool]:
         """Top-k of the started rows, best first (FORMAT.md's ranking rule), and whether they were scored again:

@@ -48,8 +48,9 @@ KTH_REG = 16  # tile maxima a kth_largest thread keeps in registers: all of a ro
 COLLECT_THREADS = 256
 SORT_MAX = 2048  # candidates of a single query ranked on the device (16 KiB of keys in shared memory)
 SORT_THREADS = SORT_MAX // 2
-QMAX = 128  # terms of a query planned on the device (``plan_single``'s parameter struct, 1 KiB); more: on the host
-QUERY_BYTES = 8 + 8 * QMAX
+QMAX = 128  # terms of a query planned on the device (``plan_single``); more: on the host
+QUERY_WORDS = 2 + 2 * QMAX  # its Query struct, in 4-byte words
+PLAN_TERMS = 32  # plan_single's grid covers queries of up to this many terms in one pass
 
 SOURCE = r"""
 #define NG (TILE / 32)
@@ -432,69 +433,71 @@ extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long l
 // A single query's plan, made on the device (the host's plan costs a single query tens of microseconds of its latency),
 // with its tile ranges: dense, every doc block a pair and every (block, query term) an entry, e = b * nt + j with the
 // terms in ascending id, so a block's entries are in the canonical order; an entry whose term has no posting in the
-// block has count 0. The table is the host plan's (ent columns start, count, weight bits; pair columns at pairs_at:
-// row, block, i0, i1, flat), and bounds tile_bounds'. A thread for each (entry, tile).
+// block has count 0. The table is the host plan's, its columns `stride` apart whatever the query (entries: start,
+// count, weight bits; then the pairs: row, block, i0, i1, flat), and bounds tile_bounds'. The query is read from device
+// memory and the grid is fixed, so a captured graph replays it for any query. A thread for each (entry, tile).
 struct Query {
-    int n, flat;  // terms; may its sums be formed in any order (bm25.sum_is_exact)
+    int n, flat;  // terms (at most QMAX); may its sums be formed in any order (bm25.sum_is_exact)
     unsigned term[QMAX];  // ascending
     int wbits[QMAX];  // f32 weights' bits
 };
 
-extern "C" __global__ void plan_single(const __grid_constant__ Query q, const unsigned* __restrict__ term_ptr,
+extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsigned* __restrict__ term_ptr,
     int n_shards, const int* __restrict__ blk_shard, const long long* __restrict__ shards,
     const unsigned* __restrict__ blk_id, const unsigned* __restrict__ blk_start, const unsigned* __restrict__ post,
-    long long n_blocks, long long pairs_at, long long* __restrict__ table, int* __restrict__ bounds, int tf_bits)
+    long long n_blocks, long long stride, long long* __restrict__ table, int* __restrict__ bounds, int tf_bits)
 {
-    const long long nt = q.n, n_ent = n_blocks * nt;
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_ent * TPB) return;
-    const long long e = i / TPB, b = e / nt;
-    const int tile = (int)(i % TPB), j = (int)(e % nt);
-    // shards: [entry base in the arena, posting base, first block, blocks], a row each of n_shards
-    const int sh = blk_shard[b];
-    const long long t = q.term[j], base = shards[sh];
-    long long lo = base + term_ptr[t * n_shards + sh];
-    const long long end = base + term_ptr[(t + 1) * n_shards + sh];
-    const long long b0 = shards[2 * n_shards + sh];
-    if (end - lo == shards[3 * n_shards + sh]) {  // the term is in every block of the shard
-        lo += b - b0;
-    } else {  // the term's entries are in block order: the first at block b or after
-        long long hi = end;
+    const long long nt = q->n, n = n_blocks * nt * TPB;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        const long long e = i / TPB, b = e / nt;
+        const int tile = (int)(i % TPB), j = (int)(e % nt);
+        // shards: [entry base in the arena, posting base, first block, blocks], a row each of n_shards
+        const int sh = blk_shard[b];
+        const long long t = q->term[j], base = shards[sh];
+        long long lo = base + term_ptr[t * n_shards + sh];
+        const long long end = base + term_ptr[(t + 1) * n_shards + sh];
+        const long long b0 = shards[2 * n_shards + sh];
+        if (end - lo == shards[3 * n_shards + sh]) {  // the term is in every block of the shard
+            lo += b - b0;
+        } else {  // the term's entries are in block order: the first at block b or after
+            long long hi = end;
+            while (lo < hi) {
+                const long long mid = (lo + hi) >> 1;
+                if (__ldg(blk_id + mid) < (unsigned)b) lo = mid + 1;
+                else hi = mid;
+            }
+        }
+        long long start = 0, count = 0;
+        if (lo < end && __ldg(blk_id + lo) == (unsigned)b) {
+            const unsigned a = __ldg(blk_start + lo);
+            start = shards[n_shards + sh] + a;
+            count = __ldg(blk_start + lo + 1) - a;
+        }
+        if (tile == 0) {
+            table[e] = start;
+            table[stride + e] = count;
+            table[2 * stride + e] = q->wbits[j];
+            if (j == 0) {
+                long long* pairs = table + 3 * stride;
+                pairs[b] = 0;
+                pairs[n_blocks + b] = b;
+                pairs[2 * n_blocks + b] = b * nt;
+                pairs[3 * n_blocks + b] = (b + 1) * nt;
+                pairs[4 * n_blocks + b] = q->flat;
+            }
+        }
+        const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
+        const unsigned* p = post + start;
+        long long hi = count;
+        lo = 0;
         while (lo < hi) {
             const long long mid = (lo + hi) >> 1;
-            if (__ldg(blk_id + mid) < (unsigned)b) lo = mid + 1;
+            if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
             else hi = mid;
         }
+        bounds[i] = (int)lo;
     }
-    long long start = 0, count = 0;
-    if (lo < end && __ldg(blk_id + lo) == (unsigned)b) {
-        const unsigned a = __ldg(blk_start + lo);
-        start = shards[n_shards + sh] + a;
-        count = __ldg(blk_start + lo + 1) - a;
-    }
-    if (tile == 0) {
-        table[e] = start;
-        table[n_ent + e] = count;
-        table[2 * n_ent + e] = q.wbits[j];
-        if (j == 0) {
-            long long* pairs = table + pairs_at;
-            pairs[b] = 0;
-            pairs[n_blocks + b] = b;
-            pairs[2 * n_blocks + b] = b * nt;
-            pairs[3 * n_blocks + b] = (b + 1) * nt;
-            pairs[4 * n_blocks + b] = q.flat;
-        }
-    }
-    const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
-    const unsigned* p = post + start;
-    long long hi = count;
-    lo = 0;
-    while (lo < hi) {
-        const long long mid = (lo + hi) >> 1;
-        if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
-        else hi = mid;
-    }
-    bounds[i] = (int)lo;
 }
 
 // thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
@@ -712,5 +715,5 @@ class TileKernels:
         self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
         self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64"])
         self.rank = module.kernel("rank_candidates", ["ptr", "i64"])
-        self.plan = module.kernel("plan_single", [f"b{QUERY_BYTES}", "ptr", "i32", "ptr", "ptr", "ptr", "ptr", "ptr",
-                                                  "i64", "i64", "ptr", "ptr", "i32"])
+        self.plan = module.kernel("plan_single", ["ptr", "ptr", "i32", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64",
+                                                  "ptr", "ptr", "i32"])
