@@ -223,6 +223,13 @@ class StreamCopies:
         self._graphs.discard(graph)
         self._cuda.cuGraphExecDestroy(ctypes.c_void_p(graph))
 
+    def device_address(self, host: int) -> int:
+        """The device's address of pinned host memory: kernels read and write it directly (no copy to wait for)."""
+        dev = ctypes.c_uint64()
+        _check_driver(self._cuda, self._cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(dev), ctypes.c_void_p(host), 0),
+                      "cuMemHostGetDevicePointer")
+        return dev.value
+
     def __del__(self) -> None:
         for g in getattr(self, "_graphs", ()):
             self._cuda.cuGraphExecDestroy(ctypes.c_void_p(g))

@@ -390,7 +390,7 @@ class QueryTables:
         """Device bytes of the tables (the arena's are counted with the shards) and of the plan made from them
         (``TileScorer.set_query_tables``)."""
         tpb = block_size // tile_size(block_size)
-        plan = n_blocks * TC.QMAX * (24 + 4 * tpb) + 40 * n_blocks + 4 * TC.QUERY_WORDS
+        plan = n_blocks * TC.QMAX * (24 + 4 * tpb) + 40 * n_blocks
         return 4 * planner.term_ptr.size + 4 * n_blocks + 32 * planner.term_ptr.shape[1] + plan
 
     @staticmethod
@@ -442,6 +442,8 @@ class TileScorer:
         self._table_host: torch.Tensor | None = None  # pinned staging of the plan tables
         self._table_dev: torch.Tensor | None = None
         self._copies = StreamCopies() if cuda else None
+        # where rank_candidates writes a single query's count and keys: the pinned head itself
+        self._head_dev = self._copies.device_address(self._head.data_ptr()) if cuda else 0
         self._stream = 0  # the caller's current stream, taken at ``begin``
         self._table_sent = self._copies.event() if cuda else None  # recorded after each plan table's upload
         self._head_back = self._copies.event() if cuda else None  # recorded after the candidates' read-back
@@ -452,7 +454,8 @@ class TileScorer:
         self._started: tuple[int, int, int, int] | None = None  # rows, k, capacity, peek of a started top-k
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
         self._query_tables: QueryTables | None = None  # set where single queries are planned on the device
-        self._graphs: dict[tuple[int, int], tuple[int, int, int]] = {}  # (k, cache) -> graph, its found and listed
+        # (k, norm cache tensor) -> graph, and the found and listed buffers it writes
+        self._graphs: dict[tuple[int, torch.Tensor], tuple[int, torch.Tensor, torch.Tensor]] = {}
         self._kernels = None
         if SCORER == "cuda" and device.type == "cuda" and self.group == 32:
             try:
@@ -558,14 +561,15 @@ class TileScorer:
         self.stride = self.n_blocks * TC.QMAX
         self._qtable = torch.empty(3 * self.stride + 5 * self.n_blocks, dtype=torch.int64, device=self.device)
         self._qbounds = torch.empty(self.stride * self.tpb, dtype=torch.int32, device=self.device)
-        self._qdev = torch.empty(TC.QUERY_WORDS, dtype=torch.int32, device=self.device)
+        # plan_single's Query: written here by the host, copied to the device by query_in
         self._qhost = torch.zeros(TC.QUERY_WORDS, dtype=torch.int32, pin_memory=True)
-        self._qhost_np = self._qhost.numpy()
+        self._query, self._qhost_dev = self._qhost.numpy(), self._copies.device_address(self._qhost.data_ptr())
+        self._qdev = torch.empty(TC.QUERY_WORDS, dtype=torch.int32, device=self.device)
         self._capture = self._copies.stream()  # graphs are captured on a stream of our own
 
     def score_query(self, query: QueryTerms, flat: bool, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
                     k: int) -> None:
-        """``score`` of one query (``plans_on_device``) planned on the device (``plan_query``): no host planning or
+        """``score`` of one query (``plans_on_device``) planned on the device (``_queue_plan``): no host planning or
         upload of a plan on the query's latency path; ``flat``: may its terms be added at once
         (``bm25.sum_is_exact``)."""
         self._set_query(query, flat)
@@ -574,50 +578,47 @@ class TileScorer:
     def start_query(self, query: QueryTerms, flat: bool, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
                     k: int) -> None:
         """``score_query`` and ``start_topk(1, k)`` (after ``begin(1)``) as one launch of a CUDA graph, captured once for
-        each k and BM25 parameters: a single query's dozen launches cost the host tens of microseconds, and the
-        device waited on them. ``finish_topk`` as usual."""
+        each k and BM25 parameters: a single query's dozen launches cost the host tens of microseconds, and the device
+        waited on them. ``finish_topk`` as usual."""
         capacity = self._capacity(1, k)
-        if self._found is None or self._found.numel() < 2 + 2 * capacity:
-            self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
-        if self._listed.numel() < 2 + self.n_blocks * self.tpb:
-            self._listed = torch.empty(2 + self.n_blocks * self.tpb, dtype=torch.int32, device=self.device)
-        key, post = (k, cache.data_ptr()), post.data_ptr()
-        ptrs = (self._found.data_ptr(), self._listed.data_ptr())
-        got = self._graphs.get(key)
-        if got is None or got[1:] != ptrs:  # buffers the graph writes have moved: capture it again
+        got = self._graphs.get((k, cache))
+        if got is None or got[1] is not self._found or got[2] is not self._listed:  # new, or its buffers moved
             if got is not None:
                 self._copies.drop_graph(got[0])
             elif len(self._graphs) >= MAX_GRAPHS:
                 self._copies.drop_graph(self._graphs.pop(next(iter(self._graphs)))[0])
+            if self._found is None or self._found.numel() < 2 + 2 * capacity:
+                self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
+            if self._listed.numel() < 2 + self.n_blocks * self.tpb:
+                self._listed = torch.empty(2 + self.n_blocks * self.tpb, dtype=torch.int32, device=self.device)
             stream, self._stream = self._stream, self._capture
             try:
-                graph = self._copies.capture(self._capture, lambda: (self._queue_query(post, norms, cache, k),
-                                                                     self._queue_selection(1, k, capacity)))
+                graph = self._copies.capture(self._capture, lambda: (
+                    self._queue_query(post.data_ptr(), norms, cache, k), self._queue_selection(1, k, capacity)))
             finally:
                 self._stream = stream
-            got = self._graphs[key] = (graph, *ptrs)
+            got = self._graphs[(k, cache)] = (graph, self._found, self._listed)
         self._set_query(query, flat)
         self._copies.launch_graph(got[0], self._stream)
         self._copies.record(self._head_back, self._stream)
         self._dirty = 0  # its collect cleared the maxima
-        self._started = (1, k, capacity, self._peek(1, k, capacity))
+        self._started = (1, k, capacity, self._peek(1, k, capacity), True)
 
     def _set_query(self, query: QueryTerms, flat: bool) -> None:
-        """The query in the pinned buffer ``plan_single``'s input is copied from."""
-        q, nt = self._qhost_np, len(query)
+        """The query in the pinned buffer ``query_in`` reads (the previous query's graph or launches are done)."""
+        q, nt = self._query, len(query)
         q[0], q[1] = nt, flat
         q[2:2 + nt] = query.term_ids
         q[2 + TC.QMAX:2 + TC.QMAX + nt] = query.weights.view(np.int32)
 
     def _queue_plan(self, post: int) -> None:
-        """Queue the query's copy to the device and ``plan_single``: its dense plan (every doc block a pair, every
+        """Queue ``query_in`` and ``plan_single`` of the query set last: its dense plan (every doc block a pair, every
         (block, term) an entry) in ``_qtable``, with the tile ranges in ``_qbounds``."""
-        qt = self._query_tables
-        self._copies.to_device(self._qdev.data_ptr(), self._qhost.data_ptr(), 4 * TC.QUERY_WORDS, self._stream)
-        grid = -(-self.n_blocks * TC.PLAN_TERMS * self.tpb // TC.BOUNDS_THREADS)
-        self._kernels.plan(grid, TC.BOUNDS_THREADS, self._qdev.data_ptr(), qt.term_ptr, qt.n_shards, qt.blk_shard,
-                           qt.shards, qt.blk_id, qt.blk_start, post, self.n_blocks, self.stride,
-                           self._qtable.data_ptr(), self._qbounds.data_ptr(), self.tf_bits, stream=self._stream)
+        qt, kn, qdev = self._query_tables, self._kernels, self._qdev.data_ptr()
+        kn.query_in(1, 32 * -(-TC.QUERY_WORDS // 32), self._qhost_dev, qdev, stream=self._stream)  # a word a thread
+        kn.plan(-(-self.n_blocks * TC.PLAN_TERMS * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, qdev, qt.term_ptr,
+                qt.n_shards, qt.blk_shard, qt.shards, qt.blk_id, qt.blk_start, post, self.n_blocks, self.stride,
+                self._qtable.data_ptr(), self._qbounds.data_ptr(), self.tf_bits, stream=self._stream)
 
     def _queue_query(self, post: int, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
         """``_queue_plan`` and the scoring."""
@@ -676,7 +677,8 @@ class TileScorer:
                        self.maxima.data_ptr(), tile_maxima, thr, self.num_docs, self.n_groups, self.n_tiles, out,
                        capacity, stream=self._stream)
             if rows == 1:
-                kn.rank(1, TC.SORT_THREADS, out, capacity, stream=self._stream)
+                kn.rank(1, TC.SORT_THREADS, out, capacity, self._head_dev, k, 2 * self._peek(1, k, capacity),
+                        stream=self._stream)
         else:
             thr = self._thr[:rows]
             if self.n_tiles > k:
@@ -705,26 +707,30 @@ class TileScorer:
         return min(capacity, PEEK, max(PEEK_MIN, PEEK_PER_HIT * k * rows))
 
     def _start(self, rows: int, k: int, capacity: int) -> None:
-        self._queue_selection(rows, k, capacity)
+        on_device = self._queue_selection(rows, k, capacity)
         if self._copies is not None:
             self._copies.record(self._head_back, self._stream)
-        self._started = (rows, k, capacity, self._peek(rows, k, capacity))
+        self._started = (rows, k, capacity, self._peek(rows, k, capacity), on_device)
 
-    def _queue_selection(self, rows: int, k: int, capacity: int) -> None:
-        """Queue the threshold, the collect (and a single query's ranking) and the read-back of the count and the
-        first candidates, in one transfer."""
+    def _queue_selection(self, rows: int, k: int, capacity: int) -> bool:
+        """Queue the threshold, the collect and the count and first candidates to the host: a single query's ranked by
+        ``rank_candidates``, which writes the count and the first keys to the pinned head itself; otherwise the
+        (index, score bits) pairs in one transfer. Returns whether the device ranks."""
         found = self._collect(rows, k, capacity)
+        if rows == 1 and self._kernels is not None:
+            return True
         peek = self._peek(rows, k, capacity)
         if self._copies is not None:
             self._copies.to_host(self._head.data_ptr(), found.data_ptr(), 8 * (2 + 2 * peek), self._stream)
         else:
             self._head[:2 + 2 * peek].copy_(found[:2 + 2 * peek])
+        return False
 
     def finish_topk(self, rescore: Callable[[], None]) -> tuple[list[TopK], bool]:
         """Top-k of the started rows, best first (FORMAT.md's ranking rule), and whether they were scored again:
         when more candidates reach the threshold than there is room for, ``rescore()`` must score the batch again
         (after ``begin``; the first collect cleared the maxima, and a batch scored since is overwritten)."""
-        rows, k, capacity, peek = self._started
+        rows, k, capacity, peek, on_device = self._started
         rescored = False
         while True:
             if self._copies is not None:
@@ -736,15 +742,15 @@ class TileScorer:
             rescore()
             rescored = True
             self._start(rows, k, total)
-            rows, k, capacity, peek = self._started
+            rows, k, capacity, peek, on_device = self._started
         self._started = None
         found = self._found
-        if rows == 1 and self._kernels is not None and total <= TC.SORT_MAX:  # ranked on the device
+        if on_device and total <= TC.SORT_MAX:  # ranked on the device
             n = min(k, total)
             keys = head[2:2 + n] if n <= 2 * peek else self._read_back(2 + n)[2:]
             return [_of_keys(keys)], rescored
         if total <= HOST_RANK_MAX:  # ranked on the host
-            pairs = head if total <= peek else self._read_back(2 + 2 * total)
+            pairs = head if total <= peek and not on_device else self._read_back(2 + 2 * total)
             return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2], pairs[3:3 + 2 * total:2]), rescored
         idx, order = torch.sort(found[2:2 + 2 * total:2])  # collected in no order: (row, doc) ascending first
         score = found[3:3 + 2 * total:2].to(torch.int32).view(torch.float32)

@@ -435,12 +435,20 @@ extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long l
 // terms in ascending id, so a block's entries are in the canonical order; an entry whose term has no posting in the
 // block has count 0. The table is the host plan's, its columns `stride` apart whatever the query (entries: start,
 // count, weight bits; then the pairs: row, block, i0, i1, flat), and bounds tile_bounds'. The query is read from device
-// memory and the grid is fixed, so a captured graph replays it for any query. A thread for each (entry, tile).
+// memory (query_in's copy) and the grid is fixed, so a captured graph replays it for any query. A thread for each
+// (entry, tile).
 struct Query {
     int n, flat;  // terms (at most QMAX); may its sums be formed in any order (bm25.sum_is_exact)
     unsigned term[QMAX];  // ascending
     int wbits[QMAX];  // f32 weights' bits
 };
+
+// The query from pinned host memory to the device, one block: a kernel reads it over the bus in one round trip, where a
+// copy between the host and a graph's kernels waited ~13 us for the copy engine (H200).
+extern "C" __global__ void query_in(const int* __restrict__ host, int* __restrict__ dev)
+{
+    for (int i = threadIdx.x; i < (int)(sizeof(Query) / 4); i += blockDim.x) dev[i] = host[i];
+}
 
 extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsigned* __restrict__ term_ptr,
     int n_shards, const int* __restrict__ blk_shard, const long long* __restrict__ shards,
@@ -607,7 +615,8 @@ extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const floa
 // A single query's ranking, after collect (one block of SORT_THREADS = SORT_MAX / 2): when its n = found[0] candidates
 // are all stored and n <= SORT_MAX, found[2:2 + n] becomes their keys (0x7FFFFFFF - score bits) << 32 | doc in
 // ascending order: score descending, then doc ascending (FORMAT.md's ranking; positive f32 scores order like their
-// bits). Each warp sorts 64 keys in registers (a bitonic network over shuffles, no barrier), then runs of 64, 128, ...
+// bits), and the first min(n, k, out_cap) of them go to out[2:] too: pinned host memory the host reads when the kernel
+// is done, with no copy to wait for; out[0] = n in any case. Each warp sorts 64 keys in registers (a bitonic network over shuffles, no barrier), then runs of 64, 128, ...
 // are merged pairwise, each key placed by its rank in the other run (a binary search in shared memory): ~6 barriers
 // instead of a shared-memory bitonic sort's 66 (21 us for 2,048 keys on the H200). Otherwise the host ranks them (or
 // the query is scored again with more room).
@@ -617,10 +626,11 @@ __device__ __forceinline__ void exchange(unsigned long long& x, const unsigned l
 }
 
 extern "C" __global__ void __launch_bounds__(SORT_THREADS) rank_candidates(unsigned long long* __restrict__ found,
-                                                                           long long cap)
+    long long cap, unsigned long long* __restrict__ out, int k, int out_cap)
 {
     __shared__ unsigned long long buf[2][SORT_MAX];
     const unsigned long long n = found[0];
+    if (threadIdx.x == 0) out[0] = n;
     if (n > (unsigned long long)cap || n > SORT_MAX) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int m = 64;  // a power of two: the padding (all ones) goes last
@@ -669,6 +679,7 @@ extern "C" __global__ void __launch_bounds__(SORT_THREADS) rank_candidates(unsig
     }
     __syncthreads();
     for (int i = tid; i < (int)n; i += SORT_THREADS) found[2 + i] = buf[src][i];
+    for (int i = tid; i < min(min((int)n, k), out_cap); i += SORT_THREADS) out[2 + i] = buf[src][i];
 }
 """
 
@@ -698,9 +709,9 @@ def defines(tile: int, tpb: int) -> dict[str, int]:
 
 
 class TileKernels:
-    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``, ``plan``,
-    ``kth``, ``collect`` and ``rank`` (``SELECT_SOURCE``); launch the first three with ``threads(tile)`` threads a
-    block."""
+    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``,
+    ``query_in``, ``plan``, ``kth``, ``collect`` and ``rank`` (``SELECT_SOURCE``); launch the first three with
+    ``threads(tile)`` threads a block."""
 
     def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
         module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in
@@ -714,6 +725,7 @@ class TileKernels:
         self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32"])
         self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
         self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64"])
-        self.rank = module.kernel("rank_candidates", ["ptr", "i64"])
+        self.rank = module.kernel("rank_candidates", ["ptr", "i64", "ptr", "i32", "i32"])
+        self.query_in = module.kernel("query_in", ["ptr", "ptr"])
         self.plan = module.kernel("plan_single", ["ptr", "ptr", "i32", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64",
                                                   "ptr", "ptr", "i32"])
