@@ -351,9 +351,9 @@ def test_cuda_kth_largest_kernel():
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_rank_candidates_kernel():
-    """The device ranking gives numpy's order of the keys (score descending, then doc ascending; heavy ties) for any
-    count up to SORT_MAX, and leaves the candidates alone past SORT_MAX or past the room; it writes the count and the
-    first min(n, k, room) keys to pinned host memory."""
+    """The device ranking writes the count and the first min(n, k, room) keys in numpy's order (score descending, then
+    doc ascending; heavy ties) to pinned host memory, for any count up to SORT_MAX; past SORT_MAX or past the candidates'
+    room only the count. The candidates are left as they are."""
     from ragserve.backends import gpu_tiles_cuda as TC
     from ragserve.backends.cuda_rtc import StreamCopies
 
@@ -361,7 +361,7 @@ def test_cuda_rank_candidates_kernel():
     kn = TC.TileKernels(2048, 128, dev)
     with torch.cuda.device(dev):
         copies = StreamCopies()
-    out = torch.zeros(2 + 600, dtype=torch.int64, pin_memory=True)
+    out = torch.zeros(2 + 2 * TC.SORT_MAX + 2, dtype=torch.int64, pin_memory=True)
     out_dev = copies.device_address(out.data_ptr())
     rng = np.random.default_rng(5)
     for n in (0, 1, 2, 31, 63, 64, 65, 1000, 1050, TC.SORT_MAX - 1, TC.SORT_MAX, TC.SORT_MAX + 1):
@@ -371,18 +371,17 @@ def test_cuda_rank_candidates_kernel():
         pairs[0], pairs[2:2 + 2 * n:2], pairs[3:3 + 2 * n:2] = n, docs, scores.view(np.int32)
         for cap in (n, n - 1):
             found = torch.from_numpy(pairs).to(dev)
-            out.fill_(-1)
-            k = 1 + n // 2
-            kn.rank(1, TC.SORT_THREADS, found, cap, out_dev, k, 600)
-            got = found.cpu().numpy()  # synchronises
-            assert out[0] == n
-            if n <= min(cap, TC.SORT_MAX):
-                want = np.sort(((0x7FFFFFFF - scores.view(np.int32).astype(np.int64)) << 32) | docs)
-                assert np.array_equal(got[2:2 + n], want), n
-                m = min(n, k, 600)
-                assert np.array_equal(out[2:2 + m].numpy(), want[:m]) and (out[2 + m:] == -1).all(), n
-            else:
-                assert np.array_equal(got, pairs) and (out[1:] == -1).all(), (n, cap)
+            for k, room in ((n, 2 + 2 * n), (1 + n // 2, 600), (n, 7)):
+                out.fill_(-1)
+                kn.rank(TC.RANK_BLOCKS, TC.RANK_THREADS, found, cap, out_dev, k, room)
+                assert np.array_equal(found.cpu().numpy(), pairs)  # synchronises
+                assert out[0] == n
+                if n <= min(cap, TC.SORT_MAX):
+                    want = np.sort(((0x7FFFFFFF - scores.view(np.int32).astype(np.int64)) << 32) | docs)
+                    m = min(n, k, room)
+                    assert np.array_equal(out[2:2 + m].numpy(), want[:m]) and (out[2 + m:] == -1).all(), (n, k, room)
+                else:
+                    assert (out[1:] == -1).all(), (n, cap)
 
 
 @pytest.mark.gpu

@@ -677,8 +677,8 @@ class TileScorer:
                        self.maxima.data_ptr(), tile_maxima, thr, self.num_docs, self.n_groups, self.n_tiles, out,
                        capacity, stream=self._stream)
             if rows == 1:
-                kn.rank(1, TC.SORT_THREADS, out, capacity, self._head_dev, k, 2 * self._peek(1, k, capacity),
-                        stream=self._stream)
+                kn.rank(TC.RANK_BLOCKS, TC.RANK_THREADS, out, capacity, self._head_dev, k,
+                        2 * self._peek(1, k, capacity), stream=self._stream)
         else:
             thr = self._thr[:rows]
             if self.n_tiles > k:
@@ -745,10 +745,9 @@ class TileScorer:
             rows, k, capacity, peek, on_device = self._started
         self._started = None
         found = self._found
-        if on_device and total <= TC.SORT_MAX:  # ranked on the device
-            n = min(k, total)
-            keys = head[2:2 + n] if n <= 2 * peek else self._read_back(2 + n)[2:]
-            return [_of_keys(keys)], rescored
+        n = min(k, total)
+        if on_device and total <= TC.SORT_MAX and n <= 2 * peek:  # ranked on the device: the first n keys in the head
+            return [_of_keys(head[2:2 + n])], rescored
         if total <= HOST_RANK_MAX:  # ranked on the host
             pairs = head if total <= peek and not on_device else self._read_back(2 + 2 * total)
             return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2], pairs[3:3 + 2 * total:2]), rescored

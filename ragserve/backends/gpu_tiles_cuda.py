@@ -47,7 +47,9 @@ KTH_THREADS = 1024
 KTH_REG = 16  # tile maxima a kth_largest thread keeps in registers: all of a row up to 16,384 tiles (33M docs)
 COLLECT_THREADS = 256
 SORT_MAX = 2048  # candidates of a single query ranked on the device (16 KiB of keys in shared memory)
-SORT_THREADS = SORT_MAX // 2
+RANK_THREADS = 256
+RANK_SPLIT = 8  # threads counting the keys below one key (a power of two, <= 32: lanes of one warp)
+RANK_BLOCKS = SORT_MAX * RANK_SPLIT // RANK_THREADS
 QMAX = 128  # terms of a query planned on the device (``plan_single``); more: on the host
 QUERY_WORDS = 2 + 2 * QMAX  # its Query struct, in 4-byte words
 PLAN_TERMS = 32  # plan_single's grid covers queries of up to this many terms in one pass
@@ -612,74 +614,32 @@ extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const floa
     for (long long i = t0 + threadIdx.x; i < t1; i += COLLECT_THREADS) tile_maxima[row * n_tiles + i] = 0.0f;
 }
 
-// A single query's ranking, after collect (one block of SORT_THREADS = SORT_MAX / 2): when its n = found[0] candidates
-// are all stored and n <= SORT_MAX, found[2:2 + n] becomes their keys (0x7FFFFFFF - score bits) << 32 | doc in
-// ascending order: score descending, then doc ascending (FORMAT.md's ranking; positive f32 scores order like their
-// bits), and the first min(n, k, out_cap) of them go to out[2:] too: pinned host memory the host reads when the kernel
-// is done, with no copy to wait for; out[0] = n in any case. Each warp sorts 64 keys in registers (a bitonic network over shuffles, no barrier), then runs of 64, 128, ...
-// are merged pairwise, each key placed by its rank in the other run (a binary search in shared memory): ~6 barriers
-// instead of a shared-memory bitonic sort's 66 (21 us for 2,048 keys on the H200). Otherwise the host ranks them (or
-// the query is scored again with more room).
-__device__ __forceinline__ void exchange(unsigned long long& x, const unsigned long long y, const bool keep_min)
-{
-    x = keep_min ? min(x, y) : max(x, y);
-}
-
-extern "C" __global__ void __launch_bounds__(SORT_THREADS) rank_candidates(unsigned long long* __restrict__ found,
+// A single query's ranking, after collect: when its n = found[0] candidates are all stored and n <= SORT_MAX, the
+// first min(n, k, out_cap) of their keys (0x7FFFFFFF - score bits) << 32 | doc in ascending order (score descending,
+// then doc ascending: FORMAT.md's ranking; positive f32 scores order like their bits) go to out[2:], pinned host memory
+// the host reads when the kernel is done, with no copy to wait for; out[0] = n in any case. Otherwise the host ranks
+// them (or the query is scored again with more room). The keys are distinct (one a doc), so a key's place is the number
+// of keys below it: every block loads them all to shared memory and RANK_SPLIT threads count for each of its keys, a
+// share each. No barrier between the steps of a sort, and the work spread over SORT_MAX * RANK_SPLIT / RANK_THREADS
+// blocks: a one-block merge sort took 16 us for ~1,050 keys on the H200.
+extern "C" __global__ void __launch_bounds__(RANK_THREADS) rank_candidates(const unsigned long long* __restrict__ found,
     long long cap, unsigned long long* __restrict__ out, int k, int out_cap)
 {
-    __shared__ unsigned long long buf[2][SORT_MAX];
-    const unsigned long long n = found[0];
-    if (threadIdx.x == 0) out[0] = n;
-    if (n > (unsigned long long)cap || n > SORT_MAX) return;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int m = 64;  // a power of two: the padding (all ones) goes last
-    while (m < (int)n) m <<= 1;
-    if (tid < m / 2) {  // warp w: keys 64 w + lane (x[0]) and 64 w + 32 + lane (x[1])
-        unsigned long long x[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = 64 * warp + 32 * h + lane;
-            x[h] = i < (int)n ? (0x7FFFFFFFull - found[3 + 2 * i]) << 32 | (found[2 + 2 * i] & 0xFFFFFFFFull) : ~0ull;
-        }
-        for (int size = 2; size <= 64; size <<= 1) {
-            for (int stride = size >> 1; stride; stride >>= 1) {
-                if (stride == 32) {  // the two keys of one lane; ascending when size is 64
-                    const unsigned long long lo = min(x[0], x[1]), hi = max(x[0], x[1]);
-                    x[0] = lo;
-                    x[1] = hi;
-                    continue;
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int i = 32 * h + lane;
-                    const unsigned long long y = __shfl_xor_sync(0xffffffffu, x[h], stride);
-                    exchange(x[h], y, ((i & stride) == 0) == ((i & size) == 0));
-                }
-            }
-        }
-        buf[0][64 * warp + lane] = x[0];
-        buf[0][64 * warp + 32 + lane] = x[1];
-    }
-    int src = 0;
-    for (int run = 64; run < m; run <<= 1, src ^= 1) {
-        __syncthreads();
-        for (int p = tid; p < m; p += SORT_THREADS) {
-            const unsigned long long key = buf[src][p];
-            const int r = p / run, i = p % run;
-            const unsigned long long* other = buf[src] + (r ^ 1) * run;
-            int lo = 0, hi = run;  // keys of the other run before this one: < key from the right run's view, <= from
-            while (lo < hi) {      // the left's, so equal keys (the padding) keep distinct places
-                const int mid = (lo + hi) >> 1;
-                if (r & 1 ? other[mid] <= key : other[mid] < key) lo = mid + 1;
-                else hi = mid;
-            }
-            buf[src ^ 1][(r & ~1) * run + i + lo] = key;
-        }
-    }
+    __shared__ unsigned long long keys[SORT_MAX];
+    const unsigned long long count = found[0];
+    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = count;
+    if (count > (unsigned long long)cap || count > SORT_MAX) return;
+    const int n = (int)count, per = RANK_THREADS / RANK_SPLIT, first = blockIdx.x * per;
+    if (first >= n) return;
+    for (int i = threadIdx.x; i < n; i += RANK_THREADS)
+        keys[i] = (0x7FFFFFFFull - found[3 + 2 * i]) << 32 | (found[2 + 2 * i] & 0xFFFFFFFFull);
     __syncthreads();
-    for (int i = tid; i < (int)n; i += SORT_THREADS) found[2 + i] = buf[src][i];
-    for (int i = tid; i < min(min((int)n, k), out_cap); i += SORT_THREADS) out[2 + i] = buf[src][i];
+    const int mine = first + threadIdx.x / RANK_SPLIT, part = threadIdx.x % RANK_SPLIT;
+    const unsigned long long key = mine < n ? keys[mine] : 0ull;
+    int below = 0;
+    for (int j = part; j < n; j += RANK_SPLIT) below += keys[j] < key;
+    for (int o = 1; o < RANK_SPLIT; o <<= 1) below += __shfl_xor_sync(FULL, below, o);  // the key's RANK_SPLIT lanes
+    if (mine < n && part == 0 && below < min(k, out_cap)) out[2 + below] = key;
 }
 """
 
@@ -705,7 +665,7 @@ def defines(tile: int, tpb: int) -> dict[str, int]:
     return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
             "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
             "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS,
-            "SORT_MAX": SORT_MAX, "SORT_THREADS": SORT_THREADS, "QMAX": QMAX}
+            "SORT_MAX": SORT_MAX, "RANK_THREADS": RANK_THREADS, "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX}
 
 
 class TileKernels:
