@@ -621,17 +621,19 @@ def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypa
 
 def test_sample_step(monkeypatch):
     """Every sqrt(units a row / k)-th unit, odd; none when that is under MIN_SAMPLE_STEP, for fewer units than
-    SAMPLE_MIN_UNITS, or when there is nothing."""
+    SAMPLE_MIN_UNITS unless the filter runs, or when there is nothing."""
     monkeypatch.setattr(gpu_tiles, "SAMPLE_MIN_UNITS", 10_000)
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 1.0)
-    assert gpu_tiles.sample_step(9_999, 1, 10) == 0
+    assert gpu_tiles.sample_step(9_999, 1, 10) == 31 and gpu_tiles.filters(9_999, 1, 10, 31)
     assert gpu_tiles.sample_step(10_000, 1, 10) == 31
     assert gpu_tiles.sample_step(64 * 10_000, 64, 10) == 31
     assert gpu_tiles.sample_step(10_000, 1, 1000) == 0  # sqrt(10) < 4
     assert gpu_tiles.sample_step(48_000, 1, 1000) == 7  # 6, made odd
     assert gpu_tiles.sample_step(0, 0, 10) == 0
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 2.0)
-    assert gpu_tiles.sample_step(10_000, 1, 1000) == 7
+    assert gpu_tiles.sample_step(10_000, 1, 1000) == 7 and not gpu_tiles.filters(10_000, 1, 1000, 7)
+    assert gpu_tiles.sample_step(9_999, 1, 1000) == 0  # too few units, and no filter (4,000 > 9,999 // 7)
+    assert gpu_tiles.sample_step(9_999, 1, 10) == 63
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)
     assert gpu_tiles.sample_step(64 * 10_000, 64, 10) == 0
 

@@ -76,8 +76,10 @@ NUM_WARPS = 4
 # 2 also samples k = 1000 there (-11%).
 SAMPLE_SCALE = 2.0
 MIN_SAMPLE_STEP = 4  # no sample when it would be more than a quarter of the units
-# Nor for fewer units than this: its launches cost about what it saves (H200, the largest queries, scripts/
-# bench_gpu_single.py: one at a time at 21M, ~10,400 units, 1-3% faster without it; two, or one at 100M, 3-18% with).
+# Nor for fewer units than this, unless the filter runs: the sample alone costs about what it saves (H200, the largest
+# queries, scripts/bench_gpu_single.py: one at a time at 21M, ~10,400 units, 1-3% faster without it; two, or one at
+# 100M, 3-18% with). With the filter, and a single query's launches in one graph, it pays there too: one run, k = 10
+# 5-6% faster with it, k = 1000 (no filter) 4% slower.
 SAMPLE_MIN_UNITS = 16384
 # The 4-byte filter and a scoring of the units it lists, where at most 1 / FILTER_RATIO of the units are expected to
 # reach the sample's threshold (H200, 21M docs, 64 queries, k = 10: scoring -15%, about 6% listed; where nearly all
@@ -352,11 +354,18 @@ def sample_step(n_units: int, rows: int, k: int) -> int:
     """Every how many units the CUDA scorer's sample takes (0: no sample). With m of a row's u units sampled, a
     fraction of about k / m of the others reach the sample's threshold and are read out; m + u * k / m is least at
     m = sqrt(u * k), a step of sqrt(u / k). Odd, so it meets every tile of a block (their number is a power of two).
-    None under ``SAMPLE_MIN_UNITS`` units."""
-    if rows == 0 or SAMPLE_SCALE <= 0 or n_units < SAMPLE_MIN_UNITS:
+    Under ``SAMPLE_MIN_UNITS`` units only where the filter runs (``filters``)."""
+    if rows == 0 or SAMPLE_SCALE <= 0:
         return 0
     step = int(SAMPLE_SCALE * (n_units / rows / k) ** 0.5)
-    return step | 1 if step >= MIN_SAMPLE_STEP else 0
+    step = step | 1 if step >= MIN_SAMPLE_STEP else 0
+    return step if step and (n_units >= SAMPLE_MIN_UNITS or filters(n_units, rows, k, step)) else 0
+
+
+def filters(n_units: int, rows: int, k: int, step: int) -> bool:
+    """Does a sampled launch run the filter: are at most 1 / FILTER_RATIO of a row's units expected to reach the
+    sample's threshold (k / m of them, m sampled)?"""
+    return FILTER_RATIO * k <= n_units // rows // step
 
 
 def _programs(device: torch.device) -> int:
@@ -648,7 +657,7 @@ class TileScorer:
         # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs. Few tiles
         # reach it (k / m of them, m sampled a row): a pass bounding every unit's maximum lists those whose tile
         # may, and only they are scored. Many: every other unit is scored, and those below it skip their read-out.
-        filtered = FILTER_RATIO * k <= n_units // rows // step
+        filtered = filters(n_units, rows, k, step)
         if filtered and self._listed.numel() < 2 + n_units:  # [0]: the count (8 bytes cleared by kth)
             self._listed = torch.empty(max(2 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
                                        device=self.device)
