@@ -460,7 +460,8 @@ class TileScorer:
         self._side = self._copies.stream() if cuda else 0
         self._rest_back = self._copies.event() if cuda else None
         self._rest_host: torch.Tensor | None = None
-        self._started: tuple[int, int, int, int] | None = None  # rows, k, capacity, peek of a started top-k
+        # rows, k, capacity, peek of a started top-k, and whether the device ranks it (one row: into the pinned head)
+        self._started: tuple[int, int, int, int, bool] | None = None
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
         self._query_tables: QueryTables | None = None  # set where single queries are planned on the device
         # (k, norm cache tensor) -> graph, and the found and listed buffers it writes
@@ -517,6 +518,19 @@ class TileScorer:
         self._table_np[:n] = table
         self._copies.to_device(self._table_dev.data_ptr(), self._table_host.data_ptr(), 8 * n, self._stream)
         return self._table_dev  # its first n words; the caller records _table_sent after the first launch using it
+
+    def _found_room(self, capacity: int) -> torch.Tensor:
+        """The collect kernel's output with room for ``capacity`` candidates."""
+        if self._found is None or self._found.numel() < 2 + 2 * capacity:
+            self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
+        return self._found
+
+    def _listed_room(self, n_units: int) -> torch.Tensor:
+        """The filter's list with room for ``n_units`` units ([0]: the count, 8 bytes cleared by kth)."""
+        if self._listed.numel() < 2 + n_units:
+            self._listed = torch.empty(max(2 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
+                                       device=self.device)
+        return self._listed
 
     def _bounds_room(self, n_ent: int) -> torch.Tensor:
         if self._bounds.numel() < n_ent * self.tpb:
@@ -586,9 +600,9 @@ class TileScorer:
 
     def start_query(self, query: QueryTerms, flat: bool, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
                     k: int) -> None:
-        """``score_query`` and ``start_topk(1, k)`` (after ``begin(1)``) as one launch of a CUDA graph, captured once for
-        each k and BM25 parameters: a single query's dozen launches cost the host tens of microseconds, and the device
-        waited on them. ``finish_topk`` as usual."""
+        """``score_query`` and ``start_topk(1, k)`` (after ``begin(1)``) as one launch of a CUDA graph, captured once
+        for each k and BM25 parameters: a single query's dozen launches cost the host tens of microseconds, and the
+        device waited on them. ``finish_topk`` as usual."""
         capacity = self._capacity(1, k)
         got = self._graphs.get((k, cache))
         if got is None or got[1] is not self._found or got[2] is not self._listed:  # new, or its buffers moved
@@ -596,10 +610,8 @@ class TileScorer:
                 self._copies.drop_graph(got[0])
             elif len(self._graphs) >= MAX_GRAPHS:
                 self._copies.drop_graph(self._graphs.pop(next(iter(self._graphs)))[0])
-            if self._found is None or self._found.numel() < 2 + 2 * capacity:
-                self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
-            if self._listed.numel() < 2 + self.n_blocks * self.tpb:
-                self._listed = torch.empty(2 + self.n_blocks * self.tpb, dtype=torch.int32, device=self.device)
+            self._found_room(capacity)  # allocated before the capture, which fixes their addresses
+            self._listed_room(self.n_blocks * self.tpb)
             stream, self._stream = self._stream, self._capture
             try:
                 graph = self._copies.capture(self._capture, lambda: (
@@ -658,13 +670,9 @@ class TileScorer:
         # reach it (k / m of them, m sampled a row): a pass bounding every unit's maximum lists those whose tile
         # may, and only they are scored. Many: every other unit is scored, and those below it skip their read-out.
         filtered = filters(n_units, rows, k, step)
-        if filtered and self._listed.numel() < 2 + n_units:  # [0]: the count (8 bytes cleared by kth)
-            self._listed = torch.empty(max(2 + n_units, 2 * self._listed.numel()), dtype=torch.int32,
-                                       device=self.device)
-        listed = self._listed.data_ptr()
+        listed = self._listed_room(n_units).data_ptr() if filtered else 0  # kth clears its count
         kn.scorer(-(-n_units // step), threads, *unit_args, no_theta, step, 0, stream=self._stream)
-        kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed if filtered else 0,
-               stream=self._stream)
+        kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed, stream=self._stream)
         if not filtered:
             kn.scorer(n_units, threads, *unit_args, theta, 1, step, stream=self._stream)
             return
@@ -676,18 +684,13 @@ class TileScorer:
         """Candidates of the rows scored since ``begin``: the count at [0], (index, score bits) pairs from [2]. The
         threshold is the k-th largest tile maximum (k tiles have a doc scoring at least this: a lower bound of the
         k-th score). Clears the maxima."""
-        if self._found is None or self._found.numel() < 2 + 2 * capacity:
-            self._found = torch.empty(2 + 2 * capacity, dtype=torch.int64, device=self.device)
-        found, kn = self._found, self._kernels
+        found, kn = self._found_room(capacity), self._kernels
         if kn is not None:
             tile_maxima, thr, out = self.tile_maxima.data_ptr(), self._thr.data_ptr(), found.data_ptr()
             kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, thr, out, stream=self._stream)
             kn.collect((-(-self.n_groups // COLLECT_GROUPS), rows), TC.COLLECT_THREADS, self.scores.data_ptr(),
                        self.maxima.data_ptr(), tile_maxima, thr, self.num_docs, self.n_groups, self.n_tiles, out,
                        capacity, stream=self._stream)
-            if rows == 1:
-                kn.rank(TC.RANK_BLOCKS, TC.RANK_THREADS, out, capacity, self._head_dev, k,
-                        2 * self._peek(1, k, capacity), stream=self._stream)
         else:
             thr = self._thr[:rows]
             if self.n_tiles > k:
@@ -726,9 +729,11 @@ class TileScorer:
         ``rank_candidates``, which writes the count and the first keys to the pinned head itself; otherwise the
         (index, score bits) pairs in one transfer. Returns whether the device ranks."""
         found = self._collect(rows, k, capacity)
-        if rows == 1 and self._kernels is not None:
-            return True
         peek = self._peek(rows, k, capacity)
+        if rows == 1 and self._kernels is not None:
+            self._kernels.rank(TC.RANK_BLOCKS, TC.RANK_THREADS, found.data_ptr(), capacity, self._head_dev, k,
+                               2 * peek, stream=self._stream)
+            return True
         if self._copies is not None:
             self._copies.to_host(self._head.data_ptr(), found.data_ptr(), 8 * (2 + 2 * peek), self._stream)
         else:
