@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragserve.backends.cuda_rtc import CudaKernel
+from ragserve.backends.cuda_rtc import CudaKernel, RtcError, StreamCopies
 
 
 class _Driver:
@@ -37,3 +37,62 @@ def test_arguments_reach_the_parameter_slots():
                                ((5, 1, 64, 12), [0, 1, 2, t.data_ptr(), 0.0, 3, 4])]
     with pytest.raises(TypeError, match="expected 7 arguments, got 6"):
         kernel(1, 32, t, 1, 2, 3, 4.0, 5, stream=0)
+
+
+class _GraphDriver:
+    """The driver calls of ``StreamCopies``' graphs, recorded; handles are small integers."""
+
+    def __init__(self, instantiate_rc: int = 0) -> None:
+        self.calls, self.instantiate_rc = [], instantiate_rc
+
+    def cuStreamBeginCapture_v2(self, stream, mode) -> int:
+        self.calls.append(("begin", stream.value, mode))
+        return 0
+
+    def cuStreamEndCapture(self, stream, graph) -> int:
+        graph._obj.value = 7
+        self.calls.append(("end", stream.value))
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, exe, graph, flags) -> int:
+        exe._obj.value = 9
+        self.calls.append(("instantiate", graph.value))
+        return self.instantiate_rc
+
+    def cuGraphDestroy(self, graph) -> int:
+        self.calls.append(("destroy graph", graph.value))
+        return 0
+
+    def cuGraphExecDestroy(self, exe) -> int:
+        self.calls.append(("destroy exec", exe.value))
+        return 0
+
+    def cuGetErrorString(self, rc, msg) -> int:
+        return 0
+
+
+def _copies(driver) -> StreamCopies:
+    copies = StreamCopies.__new__(StreamCopies)  # no libcuda in CI: the recorder stands in for it
+    copies._cuda, copies._events, copies._streams, copies._graphs = driver, [], [], set()
+    return copies
+
+
+def test_graph_capture_ends_and_releases_what_it_made():
+    """A capture ends whatever the queued work does: on an error the partial graph is destroyed and the error raised;
+    otherwise the graph is instantiated and destroyed, and the instance lives until dropped (or the object goes)."""
+    driver = _GraphDriver()
+    copies = _copies(driver)
+    queued = []
+    assert copies.capture(5, lambda: queued.append(1)) == 9 and queued == [1]
+    assert driver.calls == [("begin", 5, 2), ("end", 5), ("instantiate", 7), ("destroy graph", 7)]
+    driver.calls.clear()
+    with pytest.raises(ZeroDivisionError):
+        copies.capture(5, lambda: 1 / 0)
+    assert driver.calls == [("begin", 5, 2), ("end", 5), ("destroy graph", 7)]
+    driver.calls.clear()
+    copies.drop_graph(9)
+    assert driver.calls == [("destroy exec", 9)] and not copies._graphs
+    failing = _copies(_GraphDriver(instantiate_rc=1))
+    with pytest.raises(RtcError, match="cuGraphInstantiate failed"):
+        failing.capture(3, lambda: None)
+    assert failing._cuda.calls[-1] == ("destroy graph", 7) and not failing._graphs
