@@ -96,8 +96,6 @@ class GpuBackend(Backend):
         device_plans = tiled and self._cuda and T.SCORER == "cuda"
         tables = T.QueryTables.nbytes(self._planner, self._n_blocks, index.block_size) if device_plans else 0
         self.plan: MemoryPlan = self._plan_memory(shard_sizes, int(memory_bytes), max_batch, tiled, tables)
-        if self.plan.streamed and tables:
-            self.plan = self._plan_memory(shard_sizes, int(memory_bytes), max_batch, tiled, 0)
         norms = np.asarray(index.norms)
         # Smallest possible q over the index (tf >= 1, longest length present): proves f64 sums exact.
         self._max_norm = int(norms.max()) if norms.size else 0
@@ -115,16 +113,24 @@ class GpuBackend(Backend):
     # -- setup --------------------------------------------------------------------------------
     def _plan_memory(self, shard_sizes: list[tuple[int, int]], budget: int, max_batch: int, tiled: bool,
                      tables: int) -> MemoryPlan:
+        """The memory plan with ``tables`` bytes of device-plan tables where every shard still fits beside them;
+        otherwise without them (shards stream, or nothing fits: ``MemoryPlanError``)."""
         block = self.index.block_size
-        try:
+
+        def plan(table_bytes: int) -> MemoryPlan:
             return plan_memory(self.num_docs, shard_sizes, budget, max_batch,
                                row_bytes=T.TileScorer.row_bytes(self.num_docs, block) if tiled else None,
                                work_bytes=T.TileScorer.work_bytes(self.device, block) if tiled else 0,
-                               table_bytes=tables)
-        except MemoryPlanError:
-            if not tables:
-                raise
-            return self._plan_memory(shard_sizes, budget, max_batch, tiled, 0)  # streamed without the tables
+                               table_bytes=table_bytes)
+
+        if tables:
+            try:
+                with_tables = plan(tables)
+                if not with_tables.streamed:
+                    return with_tables
+            except MemoryPlanError:
+                pass
+        return plan(0)
 
     def _pick_kernel(self, kernel: str) -> str:
         if kernel not in ("auto", "triton", "torch"):

@@ -61,8 +61,8 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
 
     ``row_bytes`` is the device memory per query of a batch (the dense path's ``ROW_BYTES_PER_DOC`` per doc
     by default), ``work_bytes`` what the scoring needs whatever the batch, ``table_bytes`` tables kept beside the
-    shards (counted like the working memory). Shards are kept resident in index
-    order as long as they fit; the rest stream. Raises ``MemoryPlanError`` when not even the norms, one row,
+    shards (counted like the working memory). Shards are kept resident in index order as long as they fit; the rest
+    stream. Raises ``MemoryPlanError`` when not even the norms, one row,
     the working memory and the staging area fit.
     """
     if max_rows < 1:
@@ -84,9 +84,7 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
             raise MemoryPlanError(
                 f"the GPU backend needs at least {fixed + stage:,} bytes of device memory (norms {num_docs:,}, "
                 f"one query row {row_bytes:,}, scoring work {work_bytes:,}, tables {table_bytes:,}, staging for the "
-                f"largest shard "
-                f"{stage:,}); the budget is "
-                f"{budget:,} bytes: free device memory or raise memory_bytes")
+                f"largest shard {stage:,}); the budget is {budget:,} bytes: free device memory or raise memory_bytes")
         res = []
         for i, size in enumerate(sizes):
             if size <= room:

@@ -557,14 +557,14 @@ class TileScorer:
                               bounds.data_ptr())
             return
         # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
-        ent, pairs = dev[:3 * n_ent], dev[plan.pairs_at:]
+        ent, pairs, n_units = dev[:3 * n_ent], dev[plan.pairs_at:], n_pairs * self.tpb
         steps = plan.max_count.bit_length() + 1
         _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)
         if self._copies is not None:
             self._copies.record(self._table_sent, self._stream)
         # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
-        _tile_kernel[(min(n_pairs * self.tpb, self.programs),)](
-            ent, n_ent, pairs, n_pairs, n_pairs * self.tpb, post, norms, cache, bounds, self.scratch, self.maxima,
+        _tile_kernel[(min(n_units, self.programs),)](
+            ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
             self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
             (1 << self.tf_bits) - 1, self.block_size, self._k_tile(k),
             TILE=self.tile, TPB=self.tpb, GROUP_=self.group, CHUNK_=CHUNK, EB=ENTRY_BLOCK, num_warps=NUM_WARPS,

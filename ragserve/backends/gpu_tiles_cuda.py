@@ -414,22 +414,28 @@ SELECT_SOURCE = r"""
 // torch.topk, in one module (a launch from Python through ctypes costs a few microseconds, a Triton one tens).
 #define FULL 0xffffffffu
 
-// bounds[e * TPB + j] = first posting of entry e whose doc offset in its block is >= j * TILE (binary search).
+// The first of an entry's count postings p whose doc offset in its block is >= tile * TILE (binary search).
+__device__ __forceinline__ int tile_start(const unsigned* __restrict__ p, const long long count, const int tile,
+                                          const int tf_bits)
+{
+    const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
+    long long lo = 0, hi = count;
+    while (lo < hi) {
+        const long long mid = (lo + hi) >> 1;
+        if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
+        else hi = mid;
+    }
+    return (int)lo;
+}
+
+// bounds[e * TPB + j] = tile_start of entry e and tile j.
 extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long long n_ent,
                                        const unsigned* __restrict__ post, int* __restrict__ bounds, int tf_bits)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_ent * TPB) return;
     const long long e = i / TPB;
-    const unsigned long long target = ((unsigned long long)(i % TPB) * TILE) << tf_bits;
-    const unsigned* p = post + ent[e];
-    long long lo = 0, hi = ent[n_ent + e];
-    while (lo < hi) {
-        const long long mid = (lo + hi) >> 1;
-        if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
-        else hi = mid;
-    }
-    bounds[i] = (int)lo;
+    bounds[i] = tile_start(post + ent[e], ent[n_ent + e], (int)(i % TPB), tf_bits);
 }
 
 // A single query's plan, made on the device (the host's plan costs a single query tens of microseconds of its latency),
@@ -497,16 +503,7 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
                 pairs[4 * n_blocks + b] = q->flat;
             }
         }
-        const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
-        const unsigned* p = post + start;
-        long long hi = count;
-        lo = 0;
-        while (lo < hi) {
-            const long long mid = (lo + hi) >> 1;
-            if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
-            else hi = mid;
-        }
-        bounds[i] = (int)lo;
+        bounds[i] = tile_start(post + start, count, tile, tf_bits);
     }
 }
 
