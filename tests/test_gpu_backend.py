@@ -323,26 +323,28 @@ def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_kth_largest_kernel():
-    """The radix-select threshold kernel returns torch.topk's k-th largest value (ties, zeros, mostly zeros, k = n,
-    k > n: 0), with a row in registers (n <= KTH_REG * KTH_THREADS) or partly read again each pass; it clears the
-    8-byte count it is given."""
+    """The radix-select threshold kernel returns torch.topk's k-th largest value (ties, zeros, mostly zeros, one value
+    throughout, k = n, k > n: 0), with a row in registers (n <= KTH_REG * KTH_THREADS) or partly read again each pass;
+    it clears the 8-byte count it is given."""
     from ragserve.backends import gpu_tiles_cuda as TC
 
     dev = torch.device("cuda")
     kn = TC.TileKernels(2048, 128, dev)
     gen = torch.Generator(device="cpu").manual_seed(3)
     for n in (49_153, 10_254):
-        rows = torch.rand((6, n), generator=gen).to(dev)
+        rows = torch.rand((8, n), generator=gen).to(dev)
         rows[1] = torch.round(rows[1] * 50) / 50  # heavy ties
         rows[2, ::3] = 0.0  # unmatched tiles
         rows[3] = 0.0
         rows[4, :100] = torch.tensor(np.float32(np.logspace(-40, 30, 100)), device=dev)  # subnormals to large
         rows[5, torch.rand(n, generator=gen).to(dev) > 0.02] = 0.0  # a sample's: ~2% of the tiles nonzero
-        thr = torch.empty(6, dtype=torch.float32, device=dev)
+        rows[6] = 7.25  # no bit differs: one pass counts them
+        rows[7] = rows[7] * 0.01 + 12.0  # scores in [12, 12.01): the bits above the low mantissa bits alike
+        thr = torch.empty(8, dtype=torch.float32, device=dev)
         count = torch.ones(4, dtype=torch.int32, device=dev)
         for k in (1, 2, 10, 150, 1000, 10_000, n, n + 1):
-            kn.kth(6, TC.KTH_THREADS, rows, n, k, thr, count)
-            want = (torch.topk(rows, k, dim=1).values.amin(dim=1) if k <= n else torch.zeros(6, device=dev))
+            kn.kth(8, TC.KTH_THREADS, rows, n, k, thr, count)
+            want = (torch.topk(rows, k, dim=1).values.amin(dim=1) if k <= n else torch.zeros(8, device=dev))
             assert torch.equal(thr, want), (n, k)
             assert count.tolist() == [0, 0, 1, 1]
             count.fill_(1)
@@ -439,7 +441,7 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     for q in [q for q in queries[64:100] if len(q)][:16]:  # one at a time: a graph, then launches with more room
         assert_parity(g, cpu, [q], 100)
     assert len(launches) > 4
-    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
+    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any() and not g._tiles._running.any()
 
 
 @pytest.mark.gpu
@@ -481,8 +483,53 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
         assert steps and all(steps) if k < 100 else not any(steps)  # 100: too few units a row for a sample
         if k < 100:
             assert (g._tiles._theta > 0).any()  # some rows had a threshold to skip tiles by
-    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
+    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any() and not g._tiles._running.any()
     assert bool(filtered) == (ratio == 1)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_path, monkeypatch):
+    """The scorer's running threshold, scanned every few tiles here: never above a row's k-th largest exact tile maximum
+    (so no top-k doc is below it), raised, and every tile reaching it still writes its exact maximum; the top-k stays
+    the cpu backend's, and the state is zero again after each search."""
+    from indexer.writer import build_index
+    from ragserve.backends import gpu_tiles_cuda as TC
+
+    build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,
+                                                                          progress=False))
+    reader = IndexReader(tmp_path / "idx")
+    s = Searcher(reader, backend="cpu", threads=1)
+    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
+        queries = [q for q in (s.analyze(json.loads(line)["question_text"]) for line in f) if len(q)][:32]
+    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)  # every unit scored in one launch
+    monkeypatch.setattr(TC, "RUN_SCAN", 4)  # compiled in: set before the kernels are built
+    g = GpuBackend(reader, kernel="triton", max_batch=32)
+    tiles = g._tiles
+    cache_np, cache = g._cache(0.9, 0.4)
+    min_q = float(cache_np[g._max_norm]) / 4
+    for k in (1, 10, 30):
+        maxima = {}
+        for running in (False, True):
+            monkeypatch.setattr(gpu_tiles, "RUNNING_THRESHOLD", running)
+            rows, plan, _, _ = g._plan_chunk(queries, min_q)
+            tiles.begin(rows)
+            tiles.score(plan, g._post, g._norms, cache, k)
+            maxima[running] = tiles.tile_maxima[:rows].clone()
+            run = tiles._running[:rows, TC.RUN_BINS + 1].clone().view(torch.float32)
+            tiles.start_topk(rows, k)
+            tiles.finish_topk(lambda: None)
+            assert not tiles._running.any() and not tiles.tile_maxima.any()
+        exact = maxima[False]
+        kth = torch.topk(exact, k, dim=1).values[:, -1]
+        assert (run <= kth).all(), k
+        assert (run > 0).any(), k
+        reach = exact >= run[:, None]
+        assert torch.equal(maxima[True][reach], exact[reach])  # tiles reaching it were read out
+        below = maxima[True][~reach]  # the others: read out before it rose past them, or skipped (timing decides)
+        assert ((below == 0) | (below == exact[~reach])).all()
+        assert_parity(g, s.backend, queries, k)
+        assert not tiles._running.any()
 
 
 @pytest.mark.gpu
@@ -500,6 +547,7 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
     with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
         queries = [q for q in (s.analyze(json.loads(line)["question_text"]) for line in f) if len(q)][:32]
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)  # every unit scored exactly, no threshold
+    monkeypatch.setattr(gpu_tiles, "RUNNING_THRESHOLD", False)  # nor a running one: every tile's maximum written
     g = GpuBackend(reader, kernel="triton", max_batch=32)
     tiles, kn = g._tiles, g._tiles._kernels
     cache_np, cache = g._cache(0.9, 0.4)

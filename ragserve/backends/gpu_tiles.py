@@ -86,6 +86,7 @@ SAMPLE_MIN_UNITS = 16384
 # are, the filter's pass is added work: k = 1000 +50%).
 FILTER_RATIO = 4
 MAX_GRAPHS = 8  # single-query graphs kept (one for each k and BM25 parameters asked for lately)
+RUNNING_THRESHOLD = True  # the CUDA scorer raises a row's threshold from its own tiles' maxima (``TC.run_scan``)
 SCORER = "cuda"  # tile scoring kernel on CUDA devices: "cuda" (gpu_tiles_cuda, if NVRTC loads) or "triton"
 
 
@@ -442,8 +443,10 @@ class TileScorer:
         self._theta = torch.zeros(max_rows, dtype=torch.float32, device=device)  # the sample's thresholds
         self._no_theta = torch.zeros(max_rows, dtype=torch.float32, device=device)
         self._listed = torch.zeros(2, dtype=torch.int32, device=device)  # the filter's count and units
+        # the CUDA scorer's running thresholds (zero at rest: the collect kernel clears a row's)
+        self._running = torch.zeros((max_rows, TC.RUN_WORDS), dtype=torch.int32, device=device)
         self._fixed_ptrs = tuple(t.data_ptr() for t in (self.maxima, self.tile_maxima, self.scores, self._theta,
-                                                         self._no_theta))
+                                                         self._no_theta, self._running))
         self._found: torch.Tensor | None = None  # the collect kernel's count and (index, score bits) pairs
         cuda = device.type == "cuda"
         self._head = torch.empty(2 + 2 * PEEK, dtype=torch.int64, pin_memory=cuda)
@@ -486,12 +489,13 @@ class TileScorer:
     @staticmethod
     def row_bytes(num_docs: int, block_size: int) -> int:
         """Device bytes per query of a batch: kept f32 scores, group and tile maxima, the CUDA filter's list of
-        units (one entry at most for each tile of each doc block, and its 8-byte count) and three f32 thresholds."""
+        units (one entry at most for each tile of each doc block, and its 8-byte count), three f32 thresholds and the
+        running threshold's words."""
         group = min(GROUP, tile_size(block_size))
         tile = tile_size(block_size)
         units = -(-num_docs // block_size) * (block_size // tile)
         maxima = 4 * ((num_docs + group - 1) // group) + 4 * ((num_docs + tile - 1) // tile)
-        return 4 * num_docs + maxima + 4 * (units + 2) + 12
+        return 4 * num_docs + maxima + 4 * (units + 2) + 12 + 4 * TC.RUN_WORDS
 
     def begin(self, rows: int) -> None:
         """Before scoring a batch: clear the maxima an interrupted search left (tiles with no postings leave
@@ -499,6 +503,7 @@ class TileScorer:
         if self._dirty:
             self.maxima[:self._dirty].zero_()
             self.tile_maxima[:self._dirty].zero_()
+            self._running[:self._dirty].zero_()
         self._dirty = rows
         if self._copies is not None:
             self._stream = current_stream(self.device)
@@ -550,7 +555,7 @@ class TileScorer:
             # Addresses, not tensors or views: a slice, or finding a tensor's pointer at launch, costs microseconds
             # of host time, and a single query waits on them (from the plan's upload to the first launch most).
             ent, post = dev.data_ptr(), post.data_ptr()
-            self._kernels.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post,
+            self._kernels.bounds(-(-n_ent * 32 // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post,
                                  bounds.data_ptr(), self.tf_bits, stream=self._stream)
             self._copies.record(self._table_sent, self._stream)
             self._score_units(ent, n_ent, ent + 8 * plan.pairs_at, n_pairs, plan.rows, post, norms, cache, k,
@@ -637,7 +642,7 @@ class TileScorer:
         (block, term) an entry) in ``_qtable``, with the tile ranges in ``_qbounds``."""
         qt, kn, qdev = self._query_tables, self._kernels, self._qdev.data_ptr()
         kn.query_in(1, 32 * -(-TC.QUERY_WORDS // 32), self._qhost_dev, qdev, stream=self._stream)  # a word a thread
-        kn.plan(-(-self.n_blocks * TC.PLAN_TERMS * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, qdev, qt.term_ptr,
+        kn.plan(-(-self.n_blocks * TC.PLAN_TERMS * 32 // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, qdev, qt.term_ptr,
                 qt.n_shards, qt.blk_shard, qt.shards, qt.blk_id, qt.blk_start, post, self.n_blocks, self.stride,
                 self._qtable.data_ptr(), self._qbounds.data_ptr(), self.tf_bits, stream=self._stream)
 
@@ -649,7 +654,8 @@ class TileScorer:
                           self._qbounds.data_ptr())
 
     def _k_tile(self, k: int) -> int:
-        return k if k < self.tile // self.group else 0  # 0: every matched group
+        """The Triton scorer's cut: groups below the tile's k-th largest group maximum are not written (0: none)."""
+        return k if k < self.tile // self.group else 0
 
     def _score_units(self, ent: int, n_ent: int, pairs: int, n_pairs: int, rows: int, post: int, norms: torch.Tensor,
                      cache: torch.Tensor, k: int, bounds: int) -> None:
@@ -658,27 +664,28 @@ class TileScorer:
         kn = self._kernels
         n_units = n_pairs * self.tpb
         norms, cache = norms.data_ptr(), cache.data_ptr()
-        maxima, tile_maxima, scores, theta, no_theta = self._fixed_ptrs
+        maxima, tile_maxima, scores, theta, no_theta, running = self._fixed_ptrs
+        running = running if RUNNING_THRESHOLD else 0
         threads = TC.threads(self.tile)
         unit_args = (ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, maxima, tile_maxima, scores,
-                     self.num_docs, self.n_groups, self.n_tiles, self.tf_bits, self.block_size, self._k_tile(k))
+                     self.num_docs, self.n_groups, self.n_tiles, self.tf_bits, self.block_size, k)
         step = sample_step(n_units, rows, k)
         if not step:
-            kn.scorer(n_units, threads, *unit_args, no_theta, 1, 0, stream=self._stream)
+            kn.scorer(n_units, threads, *unit_args, no_theta, running, 1, 0, stream=self._stream)
             return
         # A sample of the units first: the k-th largest of each row's tile maxima is reached by k docs. Few tiles
         # reach it (k / m of them, m sampled a row): a pass bounding every unit's maximum lists those whose tile
         # may, and only they are scored. Many: every other unit is scored, and those below it skip their read-out.
         filtered = filters(n_units, rows, k, step)
         listed = self._listed_room(n_units).data_ptr() if filtered else 0  # kth clears its count
-        kn.scorer(-(-n_units // step), threads, *unit_args, no_theta, step, 0, stream=self._stream)
+        kn.scorer(-(-n_units // step), threads, *unit_args, no_theta, running, step, 0, stream=self._stream)
         kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed, stream=self._stream)
         if not filtered:
-            kn.scorer(n_units, threads, *unit_args, theta, 1, step, stream=self._stream)
+            kn.scorer(n_units, threads, *unit_args, theta, running, 1, step, stream=self._stream)
             return
         kn.filter(n_units, threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
                   self.tf_bits, self.block_size, theta, listed, stream=self._stream)
-        kn.listed(kn.listed_grid, threads, *unit_args, theta, listed, stream=self._stream)
+        kn.listed(kn.listed_grid, threads, *unit_args, theta, running, listed, stream=self._stream)
 
     def _collect(self, rows: int, k: int, capacity: int) -> torch.Tensor:
         """Candidates of the rows scored since ``begin``: the count at [0], (index, score bits) pairs from [2]. The
@@ -690,7 +697,7 @@ class TileScorer:
             kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, thr, out, stream=self._stream)
             kn.collect((-(-self.n_groups // COLLECT_GROUPS), rows), TC.COLLECT_THREADS, self.scores.data_ptr(),
                        self.maxima.data_ptr(), tile_maxima, thr, self.num_docs, self.n_groups, self.n_tiles, out,
-                       capacity, stream=self._stream)
+                       capacity, self._running.data_ptr(), stream=self._stream)
         else:
             thr = self._thr[:rows]
             if self.n_tiles > k:

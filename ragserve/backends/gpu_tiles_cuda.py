@@ -21,13 +21,15 @@ instruction issue (Nsight Compute: 77% of issue slots busy, DRAM 15%), so the re
 compares the f32 scores of its own run of cells, and every warp finds the tile's cut itself, with no second
 barrier.
 
-Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles``) a tile whose maximum, tracked
-from the sums the adds store, falls below it returns before the read-out. ``bm25_filter`` lists the units that may
+Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles``; or the running threshold, which
+the launch raises from its own tiles' maxima as they finish: ``run_scan``) a tile whose maximum, tracked from the sums
+the adds store, falls below it returns before the read-out, and groups below it are not written: at k > 32, where the
+tile's own cut keeps every matched group, that was most of the read-out. ``bm25_filter`` lists the units that may
 reach the threshold by the same adds as an upper bound (a 2-ulp division and 32-bit fixed-point sums, whose integer
 atomics Hopper has in shared memory while a float's is a compare-and-swap loop; a margin for the rest; 16 blocks a
 multiprocessor instead of 12), and ``bm25_listed`` scores the listed ones exactly.
 
-``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search), a
+``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (a warp's search), a
 single query's whole plan with them (``plan_single``: no host planning on its latency path), the k-th largest tile
 maximum (radix select), the collect kernel, which also clears the maxima it read, and a single query's ranking of its
 candidates.
@@ -53,6 +55,12 @@ RANK_BLOCKS = SORT_MAX * RANK_SPLIT // RANK_THREADS
 QMAX = 128  # terms of a query planned on the device (``plan_single``); more: on the host
 QUERY_WORDS = 2 + 2 * QMAX  # its Query struct, in 4-byte words
 PLAN_TERMS = 32  # plan_single's grid covers queries of up to this many terms in one pass
+SAMPLES = 256  # postings of an entry a warp reads at once before searching its tile ranges (``tile_starts``)
+# The scorer's running threshold (``run_scan``): a histogram of tile maxima, 16 bins a power of two from 2^-40 (the
+# bins' edges 4.4% apart), scanned every RUN_SCAN tiles a row; a row's words: the bins, the tiles counted, the threshold.
+RUN_BINS, RUN_SHIFT, RUN_BASE = 1024, 19, (127 - 40) << 4
+RUN_SCAN = 256
+RUN_WORDS = RUN_BINS + 4
 
 SOURCE = r"""
 #define NG (TILE / 32)
@@ -115,9 +123,10 @@ __device__ __forceinline__ float add_fixed(unsigned* cell, const float s, const 
     long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms, \
     const float* __restrict__ cache, const int* __restrict__ bounds, float* __restrict__ maxima, \
     float* __restrict__ tile_maxima, float* __restrict__ scores, long long num_docs, long long n_groups, \
-    long long n_tiles, int tf_bits, long long block_size, int k_tile, const float* __restrict__ theta
+    long long n_tiles, int tf_bits, long long block_size, int k, const float* __restrict__ theta, \
+    unsigned* __restrict__ running
 #define UNIT_ARGS ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, maxima, tile_maxima, scores, num_docs, \
-    n_groups, n_tiles, tf_bits, block_size, k_tile, theta
+    n_groups, n_tiles, tf_bits, block_size, k, theta, running
 
 // Entry e's postings in tile `tile` of its doc block: the index of the first in post (at first), and their count.
 __device__ __forceinline__ int tile_range(const long long* __restrict__ ent, const long long n_ent,
@@ -130,7 +139,53 @@ __device__ __forceinline__ int tile_range(const long long* __restrict__ ent, con
     return hi - lo;
 }
 
-// One (query, tile) unit: its f64 sums, and the read-out of the groups that can hold a top-k doc.
+// The running threshold (``running``: RUN_WORDS a row; null: none). Each scored tile counts its maximum in the row's
+// histogram (RUN_BINS bins of RUN_SHIFT-bit steps of the f32 bits from RUN_BASE: 16 a power of two, values outside in
+// the end bins); every RUN_SCAN tiles one block finds the highest bin edge that k of the tiles counted so far reach and
+// raises the row's threshold (word RUN_BINS + 1) to it. The k-th largest tile maximum, and so the k-th score, is at
+// least that edge: tiles and groups below it hold no top-k doc, so they are not read out or written, like those under
+// a sample's threshold, but from the launch's own tiles. Counts only grow and every edge reached stays valid, so the
+// scan reads whatever counts have landed (L2, no ordering needed). The collect kernel clears a row's words.
+__device__ __forceinline__ int run_bin(const float x)
+{
+    return min(max((int)(__float_as_uint(x) >> RUN_SHIFT) - RUN_BASE, 0), RUN_BINS - 1);
+}
+
+// Warp 0 of a block: lane l sums the l-th RUN_BINS / 32 bins from the top; the first lane whose running sum reaches k
+// holds the bin, found by a second read of its bins, a lane each (counts that grew meanwhile only move it up).
+__device__ __forceinline__ void run_scan(unsigned* __restrict__ st, const int k, const int lane)
+{
+    constexpr int PER = RUN_BINS / 32;
+    static_assert(PER == 32, "the second read takes one of a lane's bins a lane");
+    const uint4* mine = reinterpret_cast<const uint4*>(st + RUN_BINS - PER * (lane + 1));
+    unsigned sum = 0;
+#pragma unroll
+    for (int i = 0; i < PER / 4; ++i) {
+        const uint4 v = __ldcg(mine + i);
+        sum += v.x + v.y + v.z + v.w;
+    }
+    unsigned incl = sum;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += up;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, incl >= (unsigned)k);
+    if (hit == 0) return;
+    const int f = __ffs(hit) - 1;
+    const unsigned above = __shfl_sync(0xffffffffu, incl - sum, f);
+    const int bin = RUN_BINS - PER * f - 1 - lane;
+    unsigned c = __ldcg(st + bin);
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned up = __shfl_up_sync(0xffffffffu, c, o);
+        if (lane >= o) c += up;
+    }
+    const unsigned hit2 = __ballot_sync(0xffffffffu, above + c >= (unsigned)k);
+    if (lane == __ffs(hit2) - 1 && bin > 0) atomicMax(st + RUN_BINS + 1, (unsigned)(bin + RUN_BASE) << RUN_SHIFT);
+}
+
+// One (query, tile) unit: its f64 sums, and the read-out of the groups that can hold a top-k doc; RUN: with the
+// running threshold (where ``running`` is not null).
+template <bool RUN>
 __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
 {
     __shared__ __align__(16) double acc[TILE];
@@ -140,12 +195,16 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     __shared__ float t_w[MAX_TERMS];
     __shared__ int t_end[MAX_TERMS];  // flat path: inclusive prefix sum of the counts
     __shared__ float w_max[THREADS / 32];
+    __shared__ float s_run;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const long long pair = unit / TPB;
     const int tile = (int)(unit % TPB);
     const long long row = pairs[pair], blk = pairs[n_pairs + pair];
     const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
     const bool flat = pairs[4 * n_pairs + pair] != 0;  // its sums are exact in any order (bm25.sum_is_exact)
+    unsigned* const st = RUN && running ? running + row * RUN_WORDS : nullptr;
+    // the running threshold as the tile starts (read now: its latency passes while the tile is scored)
+    const float run_th = st && tid == 0 ? __uint_as_float(__ldcg(st + RUN_BINS + 1)) : 0.0f;
     const long long d0 = blk * block_size + (long long)tile * TILE;
     if (d0 >= num_docs) return;
     const unsigned tf_mask = (1u << tf_bits) - 1u;
@@ -214,16 +273,28 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
         }
     }
     if (work == 0) return;
-    // Below the row's threshold (the k-th largest tile maximum of a sample: k docs score at least this) no doc of
-    // the tile can be in the top-k: nothing is read out or written, and its maxima stay zero.
-    const float th = theta[row];
-    if (th > 0.0f) {
-        for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
-        if (lane == 0) w_max[warp] = run;
-        __syncthreads();
-        float t_run = w_max[0];
-        for (int w = 1; w < THREADS / 32; ++w) t_run = fmaxf(t_run, w_max[w]);
-        if (t_run < th) return;
+    for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
+    if (lane == 0) w_max[warp] = run;
+    if (tid == 0) s_run = run_th;
+    __syncthreads();
+    float t_max = w_max[0];  // the tile's maximum
+    for (int w = 1; w < THREADS / 32; ++w) t_max = fmaxf(t_max, w_max[w]);
+    bool scan = false;  // warp 0: this tile's count is one the running threshold is raised at
+    if (st && warp == 0) {
+        unsigned c = 0;
+        if (lane == 0) {
+            atomicAdd(st + run_bin(t_max), 1u);
+            c = atomicAdd(st + RUN_BINS, 1u) + 1;
+        }
+        c = __shfl_sync(0xffffffffu, c, 0);
+        scan = c >= (unsigned)k && (c == (unsigned)k || c % RUN_SCAN == 0);
+    }
+    // Below the row's threshold (a sample's k-th largest tile maximum, or the running one: k docs score at least this)
+    // no doc of the tile can be in the top-k: nothing is read out or written, and its maxima stay zero.
+    const float th = fmaxf(theta[row], s_run);
+    if (t_max < th) {
+        if (scan) run_scan(st, k, lane);
+        return;
     }
     // Group maxima: each thread takes CPT consecutive cells (its start rotated by tid: no bank conflicts) and
     // compares their f32 scores: rounding is monotone, so that is the f32 of the maximum (an f64 max takes several
@@ -249,10 +320,10 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     // bitonic sort across the warp, descending. Groups below it are not written and their maxima read 0: k other
     // docs of the tile score more than any of theirs. 0 (every matched group kept) when k > 32. Nor are groups below
     // the row's threshold.
+    const int k_tile = k < NG ? k : 0;  // 0: every matched group
     float lane_max = 0.0f;
     for (int i = 0; i < VPL; ++i) lane_max = fmaxf(lane_max, lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f);
-    float t_max = lane_max, keep_from = 0.0f;
-    for (int o = 16; o; o >>= 1) t_max = fmaxf(t_max, __shfl_xor_sync(0xffffffffu, t_max, o));
+    float keep_from = 0.0f;
     if (k_tile > 0 && k_tile <= 32) {
         float x = lane_max;
         for (int size = 2; size <= 32; size <<= 1) {
@@ -287,6 +358,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
             if (m > 0.0f && m >= keep_from && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
         }
     }
+    if (scan) run_scan(st, k, lane);
 }
 
 // Every unit_step-th unit (the sample; 1: every unit but every skip_step-th, those of a sample), one a block.
@@ -295,17 +367,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_tiles(UNI
 {
     const long long unit = (long long)blockIdx.x * unit_step;  // < 2^31: a grid's blocks
     if (skip_step > 0 && (unsigned)unit % (unsigned)skip_step == 0) return;
-    score_unit(unit, UNIT_ARGS);
+    score_unit<true>(unit, UNIT_ARGS);
 }
 
-// The units bm25_filter listed (listed[0] of them, from listed[1]), a grid of resident blocks taking turns.
+// The units bm25_filter listed (listed[0] of them, from listed[1]), a grid of resident blocks taking turns. No running
+// threshold: they reach the sample's already (and its scan spilled registers in this loop).
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_listed(UNIT_PARAMS,
                                                                               const unsigned* __restrict__ listed)
 {
     const unsigned n = listed[0];
     for (unsigned i = blockIdx.x; i < n; i += gridDim.x) {
         __syncthreads();  // the previous unit's shared memory is no longer read
-        score_unit(listed[1 + i], UNIT_ARGS);
+        score_unit<false>(listed[1 + i], UNIT_ARGS);
     }
 }
 
@@ -404,7 +477,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
 """
 
 UNIT_SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
-                  "i32", "i64", "i32", "ptr"]
+                  "i32", "i64", "i32", "ptr", "ptr"]
 SIGNATURE = UNIT_SIGNATURE + ["i64", "i64"]  # bm25_tiles: and the unit and skip steps
 LISTED_SIGNATURE = UNIT_SIGNATURE + ["ptr"]
 FILTER_SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "i64", "i32", "i64", "ptr", "ptr"]
@@ -414,28 +487,51 @@ SELECT_SOURCE = r"""
 // torch.topk, in one module (a launch from Python through ctypes costs a few microseconds, a Triton one tens).
 #define FULL 0xffffffffu
 
-// The first of an entry's count postings p whose doc offset in its block is >= tile * TILE (binary search).
-__device__ __forceinline__ int tile_start(const unsigned* __restrict__ p, const long long count, const int tile,
-                                          const int tf_bits)
+// The tile ranges of one entry (count postings from p) by one warp: bounds[j] = the first posting whose doc offset in
+// the block is >= j * TILE, for every tile j < TPB (lane l takes tiles l, l + 32, ...). The lanes first read SAMPLES
+// postings spread evenly over the entry, all in one round trip, into the warp's row of shared memory; each lane finds
+// its tile's place among them there and then searches only the gap between two samples: log2(count / SAMPLES) dependent
+// loads instead of log2(count) (an entry holds up to a block's docs, and the search's loads come one after the other).
+__device__ __forceinline__ void tile_starts(const unsigned* __restrict__ p, const long long count, const int tf_bits,
+                                            unsigned* __restrict__ smp, const int lane, int* __restrict__ bounds)
 {
-    const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
-    long long lo = 0, hi = count;
-    while (lo < hi) {
-        const long long mid = (lo + hi) >> 1;
-        if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
-        else hi = mid;
+    const bool all = count <= SAMPLES;  // the samples are the postings: no search after them
+    for (int s = lane; s < SAMPLES; s += 32) {  // pos(s) increases strictly: count > SAMPLES spaces them >= 1 apart
+        const long long pos = all ? s : (s + 1) * count / (SAMPLES + 1);
+        smp[s] = pos < count ? __ldg(p + pos) : 0xFFFFFFFFu;  // past the end: above every target (< 2^32 - 1)
     }
-    return (int)lo;
+    __syncwarp();
+    for (int tile = lane; tile < TPB; tile += 32) {
+        const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
+        int c = 0, hi = SAMPLES;  // c: the samples below the target
+        while (c < hi) {
+            const int mid = (c + hi) >> 1;
+            if ((unsigned long long)smp[mid] < target) c = mid + 1;
+            else hi = mid;
+        }
+        long long lo = c, top = c;  // the answer is in (pos(c - 1), pos(c)]: the first at or above the target
+        if (!all) {
+            lo = c == 0 ? 0 : c * count / (SAMPLES + 1) + 1;
+            top = c == SAMPLES ? count : (c + 1) * count / (SAMPLES + 1);
+        }
+        while (lo < top) {
+            const long long mid = (lo + top) >> 1;
+            if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
+            else top = mid;
+        }
+        bounds[tile] = (int)lo;
+    }
+    __syncwarp();  // the row is read before the warp's next entry samples into it
 }
 
-// bounds[e * TPB + j] = tile_start of entry e and tile j.
+// bounds[e * TPB + j] = the first posting of entry e in tile j: a warp an entry.
 extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long long n_ent,
                                        const unsigned* __restrict__ post, int* __restrict__ bounds, int tf_bits)
 {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_ent * TPB) return;
-    const long long e = i / TPB;
-    bounds[i] = tile_start(post + ent[e], ent[n_ent + e], (int)(i % TPB), tf_bits);
+    __shared__ unsigned samples[BOUNDS_THREADS / 32][SAMPLES];
+    const long long e = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (e >= n_ent) return;
+    tile_starts(post + ent[e], ent[n_ent + e], tf_bits, samples[threadIdx.x / 32], threadIdx.x & 31, bounds + e * TPB);
 }
 
 // A single query's plan, made on the device (the host's plan costs a single query tens of microseconds of its latency),
@@ -443,8 +539,7 @@ extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long l
 // terms in ascending id, so a block's entries are in the canonical order; an entry whose term has no posting in the
 // block has count 0. The table is the host plan's, its columns `stride` apart whatever the query (entries: start,
 // count, weight bits; then the pairs: row, block, i0, i1, flat), and bounds tile_bounds'. The query is read from device
-// memory (query_in's copy) and the grid is fixed, so a captured graph replays it for any query. A thread for each
-// (entry, tile).
+// memory (query_in's copy) and the grid is fixed, so a captured graph replays it for any query. A warp for each entry.
 struct Query {
     int n, flat;  // terms (at most QMAX); may its sums be formed in any order (bm25.sum_is_exact)
     unsigned term[QMAX];  // ascending
@@ -463,11 +558,13 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
     const unsigned* __restrict__ blk_id, const unsigned* __restrict__ blk_start, const unsigned* __restrict__ post,
     long long n_blocks, long long stride, long long* __restrict__ table, int* __restrict__ bounds, int tf_bits)
 {
-    const long long nt = q->n, n = n_blocks * nt * TPB;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        const long long e = i / TPB, b = e / nt;
-        const int tile = (int)(i % TPB), j = (int)(e % nt);
+    __shared__ unsigned samples[BOUNDS_THREADS / 32][SAMPLES];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const long long nt = q->n, n = n_blocks * nt;
+    const long long step = (long long)gridDim.x * (blockDim.x / 32);
+    for (long long e = (long long)blockIdx.x * (blockDim.x / 32) + w; e < n; e += step) {  // the same in every lane
+        const long long b = e / nt;
+        const int j = (int)(e % nt);
         // shards: [entry base in the arena, posting base, first block, blocks], a row each of n_shards
         const int sh = blk_shard[b];
         const long long t = q->term[j], base = shards[sh];
@@ -490,7 +587,7 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
             start = shards[n_shards + sh] + a;
             count = __ldg(blk_start + lo + 1) - a;
         }
-        if (tile == 0) {
+        if (lane == 0) {
             table[e] = start;
             table[stride + e] = count;
             table[2 * stride + e] = q->wbits[j];
@@ -503,20 +600,22 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
                 pairs[4 * n_blocks + b] = q->flat;
             }
         }
-        bounds[i] = tile_start(post + start, count, tile, tf_bits);
+        tile_starts(post + start, count, tf_bits, samples[w], lane, bounds + e * TPB);
     }
 }
 
 // thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
-// radix select on their bit patterns (non-negative floats order like unsigned integers): 4 passes of 8 bits, each
-// counting the values that share the digits found so far. A thread keeps its first KTH_REG values in registers (one
-// read for all passes). Zeros are not counted (most tiles of a sample, or below its threshold, are zero: one
-// shared-memory counter would take them all): fewer than need nonzero values under the prefix make the answer 0.
+// radix select on their bit patterns (non-negative floats order like unsigned integers): passes of 8 bits from the
+// highest bit where two values differ (the bits above it are the same in all: a pass over them would put every value in
+// one or two counters, whose shared-memory atomics serialise), each counting the values that share the digits found so
+// far. A thread keeps its first KTH_REG values in registers (one read for all passes). Zeros are not counted (most tiles
+// of a sample, or below its threshold, are zero): fewer than need nonzero values under the prefix make the answer 0.
 // Also clears the 8-byte count at count (the collect kernel's, or the head of the filter's list).
 extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const float* __restrict__ tile_maxima,
     long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ count)
 {
     __shared__ unsigned hist[256];
+    __shared__ unsigned s_and[KTH_THREADS / 32], s_or[KTH_THREADS / 32];
     __shared__ unsigned s_prefix;
     __shared__ int s_need;
     const int tid = threadIdx.x, lane = tid & 31;
@@ -526,23 +625,40 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
         return;
     }
     const float* x = tile_maxima + blockIdx.x * n_tiles;
-    unsigned v[KTH_REG];
+    unsigned v[KTH_REG], all = ~0u, any = 0u;  // the AND and the OR of the nonzero values
 #pragma unroll
     for (int j = 0; j < KTH_REG; ++j) {
         const long long i = tid + (long long)j * KTH_THREADS;
         v[j] = i < n_tiles ? __float_as_uint(x[i]) : 0u;
+        if (v[j]) all &= v[j], any |= v[j];
     }
-    unsigned prefix = 0, mask = 0;
+    for (long long i = tid + (long long)KTH_REG * KTH_THREADS; i < n_tiles; i += KTH_THREADS) {
+        const unsigned u = __float_as_uint(x[i]);
+        if (u) all &= u, any |= u;
+    }
+    all = __reduce_and_sync(FULL, all);
+    any = __reduce_or_sync(FULL, any);
+    if (lane == 0) s_and[tid >> 5] = all, s_or[tid >> 5] = any;
+    __syncthreads();
+    for (int w = 0; w < KTH_THREADS / 32; ++w) all &= s_and[w], any |= s_or[w];
+    if (any == 0) {  // no nonzero value: fewer than k
+        if (tid == 0) thr[blockIdx.x] = 0.0f;
+        return;
+    }
+    int hi = all == any ? 7 : 31 - __clz(all ^ any);  // the first pass's top bit (all equal: one pass to count them)
+    unsigned mask = hi == 31 ? 0u : ~((2u << hi) - 1u), prefix = any & mask;
     int need = k;  // the k-th largest is the need-th largest of the values under the prefix; 0: it is 0
-    for (int shift = 24; shift >= 0; shift -= 8) {
+    for (; hi >= 0; hi -= 8) {
+        const int lo = max(hi - 7, 0);
+        const unsigned dmask = (2u << (hi - lo)) - 1u;
         for (int i = tid; i < 256; i += KTH_THREADS) hist[i] = 0;
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < KTH_REG; ++j)
-            if (v[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> shift) & 255u], 1u);
+            if (v[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> lo) & dmask], 1u);
         for (long long i = tid + (long long)KTH_REG * KTH_THREADS; i < n_tiles; i += KTH_THREADS) {
             const unsigned u = __float_as_uint(x[i]);
-            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> lo) & dmask], 1u);
         }
         __syncthreads();
         if (tid < 32) {  // lane l holds digits 255 - 8l down to 248 - 8l; counts from the top by a scan over lanes
@@ -564,14 +680,14 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
                 int j = 0;
                 while (above + c[j] < (unsigned)need) above += c[j++];
                 s_need = need - (int)above;
-                s_prefix = prefix | ((unsigned)(255 - 8 * lane - j) << shift);
+                s_prefix = prefix | ((unsigned)(255 - 8 * lane - j) << lo);
             }
         }
         __syncthreads();
         need = s_need;
         if (need == 0) break;
         prefix = s_prefix;
-        mask |= 255u << shift;
+        mask |= dmask << lo;
     }
     if (tid == 0) thr[blockIdx.x] = need == 0 ? 0.0f : __uint_as_float(prefix);
 }
@@ -579,12 +695,15 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
 // Append (row * num_docs + doc, score bits) of the docs scoring >= the row's threshold (at least the smallest
 // positive score) to found[2:], counting them in found[0] (past cap only counted). Each lane reads one group
 // maximum; only the groups reaching the threshold are read, a warp each. Then it clears what it read, the group
-// maxima and their tiles' maxima, so they are zero for the next batch.
+// maxima and their tiles' maxima, and the row's running threshold, so they are zero for the next batch.
 extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const float* __restrict__ scores,
     float* __restrict__ maxima, float* __restrict__ tile_maxima, const float* __restrict__ thr, long long num_docs,
-    long long n_groups, long long n_tiles, unsigned long long* __restrict__ found, long long cap)
+    long long n_groups, long long n_tiles, unsigned long long* __restrict__ found, long long cap,
+    unsigned* __restrict__ running)
 {
     const long long row = blockIdx.y;
+    if (blockIdx.x == 0)  // the scorer's running threshold of the row, at rest again
+        for (int i = threadIdx.x; i < RUN_WORDS; i += COLLECT_THREADS) running[row * RUN_WORDS + i] = 0u;
     const float t = fmaxf(thr[row], __int_as_float(1));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long g0 = (long long)blockIdx.x * COLLECT_GROUPS, g1 = min(g0 + COLLECT_GROUPS, n_groups);
@@ -662,7 +781,9 @@ def defines(tile: int, tpb: int) -> dict[str, int]:
     return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
             "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
             "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS,
-            "SORT_MAX": SORT_MAX, "RANK_THREADS": RANK_THREADS, "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX}
+            "SORT_MAX": SORT_MAX, "RANK_THREADS": RANK_THREADS, "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX, "SAMPLES": SAMPLES, "BOUNDS_THREADS": BOUNDS_THREADS,
+            "RUN_BINS": RUN_BINS, "RUN_SHIFT": RUN_SHIFT, "RUN_BASE": RUN_BASE, "RUN_SCAN": RUN_SCAN,
+            "RUN_WORDS": RUN_WORDS}
 
 
 class TileKernels:
@@ -681,7 +802,7 @@ class TileKernels:
         self.listed_grid = torch.cuda.get_device_properties(device).multi_processor_count * min_blocks(tile)
         self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32"])
         self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
-        self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64"])
+        self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64", "ptr"])
         self.rank = module.kernel("rank_candidates", ["ptr", "i64", "ptr", "i32", "i32"])
         self.query_in = module.kernel("query_in", ["ptr", "ptr"])
         self.plan = module.kernel("plan_single", ["ptr", "ptr", "i32", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64",
