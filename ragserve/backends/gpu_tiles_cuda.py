@@ -55,7 +55,7 @@ RANK_BLOCKS = SORT_MAX * RANK_SPLIT // RANK_THREADS
 QMAX = 128  # terms of a query planned on the device (``plan_single``); more: on the host
 QUERY_WORDS = 2 + 2 * QMAX  # its Query struct, in 4-byte words
 PLAN_TERMS = 32  # plan_single's grid covers queries of up to this many terms in one pass
-SAMPLES = 256  # postings of an entry a warp reads at once before searching its tile ranges (``tile_starts``)
+SAMPLES = 32  # postings of an entry a warp reads at once before searching its tile ranges (``tile_starts``)
 # The scorer's running threshold (``run_scan``): a histogram of tile maxima, 16 bins a power of two from 2^-40 (the
 # bins' edges 4.4% apart), scanned every RUN_SCAN tiles a row; a row's words: the bins, the tiles counted, the threshold.
 RUN_BINS, RUN_SHIFT, RUN_BASE = 1024, 19, (127 - 40) << 4
@@ -605,17 +605,15 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
 }
 
 // thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
-// radix select on their bit patterns (non-negative floats order like unsigned integers): passes of 8 bits from the
-// highest bit where two values differ (the bits above it are the same in all: a pass over them would put every value in
-// one or two counters, whose shared-memory atomics serialise), each counting the values that share the digits found so
-// far. A thread keeps its first KTH_REG values in registers (one read for all passes). Zeros are not counted (most tiles
-// of a sample, or below its threshold, are zero): fewer than need nonzero values under the prefix make the answer 0.
+// radix select on their bit patterns (non-negative floats order like unsigned integers): 4 passes of 8 bits, each
+// counting the values that share the digits found so far. A thread keeps its first KTH_REG values in registers (one
+// read for all passes). Zeros are not counted (most tiles of a sample, or below its threshold, are zero: one
+// shared-memory counter would take them all): fewer than need nonzero values under the prefix make the answer 0.
 // Also clears the 8-byte count at count (the collect kernel's, or the head of the filter's list).
 extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const float* __restrict__ tile_maxima,
     long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ count)
 {
     __shared__ unsigned hist[256];
-    __shared__ unsigned s_and[KTH_THREADS / 32], s_or[KTH_THREADS / 32];
     __shared__ unsigned s_prefix;
     __shared__ int s_need;
     const int tid = threadIdx.x, lane = tid & 31;
@@ -625,40 +623,23 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
         return;
     }
     const float* x = tile_maxima + blockIdx.x * n_tiles;
-    unsigned v[KTH_REG], all = ~0u, any = 0u;  // the AND and the OR of the nonzero values
+    unsigned v[KTH_REG];
 #pragma unroll
     for (int j = 0; j < KTH_REG; ++j) {
         const long long i = tid + (long long)j * KTH_THREADS;
         v[j] = i < n_tiles ? __float_as_uint(x[i]) : 0u;
-        if (v[j]) all &= v[j], any |= v[j];
     }
-    for (long long i = tid + (long long)KTH_REG * KTH_THREADS; i < n_tiles; i += KTH_THREADS) {
-        const unsigned u = __float_as_uint(x[i]);
-        if (u) all &= u, any |= u;
-    }
-    all = __reduce_and_sync(FULL, all);
-    any = __reduce_or_sync(FULL, any);
-    if (lane == 0) s_and[tid >> 5] = all, s_or[tid >> 5] = any;
-    __syncthreads();
-    for (int w = 0; w < KTH_THREADS / 32; ++w) all &= s_and[w], any |= s_or[w];
-    if (any == 0) {  // no nonzero value: fewer than k
-        if (tid == 0) thr[blockIdx.x] = 0.0f;
-        return;
-    }
-    int hi = all == any ? 7 : 31 - __clz(all ^ any);  // the first pass's top bit (all equal: one pass to count them)
-    unsigned mask = hi == 31 ? 0u : ~((2u << hi) - 1u), prefix = any & mask;
+    unsigned prefix = 0, mask = 0;
     int need = k;  // the k-th largest is the need-th largest of the values under the prefix; 0: it is 0
-    for (; hi >= 0; hi -= 8) {
-        const int lo = max(hi - 7, 0);
-        const unsigned dmask = (2u << (hi - lo)) - 1u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += KTH_THREADS) hist[i] = 0;
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < KTH_REG; ++j)
-            if (v[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> lo) & dmask], 1u);
+            if (v[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> shift) & 255u], 1u);
         for (long long i = tid + (long long)KTH_REG * KTH_THREADS; i < n_tiles; i += KTH_THREADS) {
             const unsigned u = __float_as_uint(x[i]);
-            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> lo) & dmask], 1u);
+            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
         }
         __syncthreads();
         if (tid < 32) {  // lane l holds digits 255 - 8l down to 248 - 8l; counts from the top by a scan over lanes
@@ -680,14 +661,14 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
                 int j = 0;
                 while (above + c[j] < (unsigned)need) above += c[j++];
                 s_need = need - (int)above;
-                s_prefix = prefix | ((unsigned)(255 - 8 * lane - j) << lo);
+                s_prefix = prefix | ((unsigned)(255 - 8 * lane - j) << shift);
             }
         }
         __syncthreads();
         need = s_need;
         if (need == 0) break;
         prefix = s_prefix;
-        mask |= dmask << lo;
+        mask |= 255u << shift;
     }
     if (tid == 0) thr[blockIdx.x] = need == 0 ? 0.0f : __uint_as_float(prefix);
 }
