@@ -353,9 +353,10 @@ def test_cuda_kth_largest_kernel():
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_rank_candidates_kernel():
-    """The device ranking writes the count and the first min(n, k, room) keys in numpy's order (score descending, then
-    doc ascending; heavy ties) to pinned host memory, for any count up to SORT_MAX; past SORT_MAX or past the candidates'
-    room only the count. The candidates are left as they are."""
+    """The device ranking writes the count and the first min(n, k, room) docs and score bits in numpy's order (score
+    descending, then doc ascending; heavy ties) to pinned host memory, the docs as int64 and the scores from word
+    2 + room, and nothing else, for any count up to SORT_MAX; past SORT_MAX or past the candidates' room only the count.
+    The candidates are left as they are."""
     from ragserve.backends import gpu_tiles_cuda as TC
     from ragserve.backends.cuda_rtc import StreamCopies
 
@@ -373,17 +374,18 @@ def test_cuda_rank_candidates_kernel():
         pairs[0], pairs[2:2 + 2 * n:2], pairs[3:3 + 2 * n:2] = n, docs, scores.view(np.int32)
         for cap in (n, n - 1):
             found = torch.from_numpy(pairs).to(dev)
-            for k, room in ((n, 2 + 2 * n), (1 + n // 2, 600), (n, 7)):
+            for k, room in ((n, 4 * TC.SORT_MAX // 3), (1 + n // 2, 600), (n, 7)):
                 out.fill_(-1)
                 kn.rank(TC.RANK_BLOCKS, TC.RANK_THREADS, found, cap, out_dev, k, room)
                 assert np.array_equal(found.cpu().numpy(), pairs)  # synchronises
-                assert out[0] == n
+                want = np.full(out.numel(), -1, np.int64)
+                want[0] = n
                 if n <= min(cap, TC.SORT_MAX):
-                    want = np.sort(((0x7FFFFFFF - scores.view(np.int32).astype(np.int64)) << 32) | docs)
+                    keys = np.sort(((0x7FFFFFFF - scores.view(np.int32).astype(np.int64)) << 32) | docs)
                     m = min(n, k, room)
-                    assert np.array_equal(out[2:2 + m].numpy(), want[:m]) and (out[2 + m:] == -1).all(), (n, k, room)
-                else:
-                    assert (out[1:] == -1).all(), (n, cap)
+                    want[2:2 + m] = keys[:m] & 0xFFFFFFFF
+                    want.view(np.uint32)[2 * (2 + room):2 * (2 + room) + m] = 0x7FFFFFFF - (keys[:m] >> 32)
+                assert np.array_equal(out.numpy(), want), (n, cap, k, room)
 
 
 @pytest.mark.gpu

@@ -152,7 +152,11 @@ class GpuBackend(Backend):
         return int(free * DEFAULT_BUDGET_FRACTION)
 
     def _on_device(self):
-        return torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
+        """The backend's device made current for a search (its kernels launch in the current context). Nothing to do
+        where it already is: ``torch.cuda.device`` costs a single query ~2.5 us (H200 host)."""
+        if not self._cuda or torch.cuda.current_device() == self.device.index:
+            return contextlib.nullcontext()
+        return torch.cuda.device(self.device)
 
     def _load(self, norms: np.ndarray) -> None:
         plan, shards, dev = self.plan, self.index.shards, self.device
@@ -212,10 +216,14 @@ class GpuBackend(Backend):
 
     # -- search -------------------------------------------------------------------------------
     def _cache(self, k1: float, b: float) -> tuple[np.ndarray, torch.Tensor]:
+        got = self._caches.get((k1, b))  # as given first: the f32 rounding costs a single query ~1 us
+        if got is not None:
+            return got
         key = (float(np.float32(k1)), float(np.float32(b)))
         if key not in self._caches:
             c = bm25.norm_cache(k1, b, self.index.avgdl)
             self._caches[key] = (c, torch.from_numpy(c).to(self.device))
+        self._caches[(k1, b)] = self._caches[key]
         return self._caches[key]
 
     def _accumulator(self, rows: int) -> torch.Tensor:

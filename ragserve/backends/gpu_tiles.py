@@ -451,6 +451,7 @@ class TileScorer:
         cuda = device.type == "cuda"
         self._head = torch.empty(2 + 2 * PEEK, dtype=torch.int64, pin_memory=cuda)
         self._head_np = self._head.numpy()
+        self._head_u32 = self._head_np.view(np.uint32)
         self._table_host: torch.Tensor | None = None  # pinned staging of the plan tables
         self._table_dev: torch.Tensor | None = None
         self._copies = StreamCopies() if cuda else None
@@ -555,7 +556,7 @@ class TileScorer:
             # Addresses, not tensors or views: a slice, or finding a tensor's pointer at launch, costs microseconds
             # of host time, and a single query waits on them (from the plan's upload to the first launch most).
             ent, post = dev.data_ptr(), post.data_ptr()
-            self._kernels.bounds(-(-n_ent * 32 // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post,
+            self._kernels.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post,
                                  bounds.data_ptr(), self.tf_bits, stream=self._stream)
             self._copies.record(self._table_sent, self._stream)
             self._score_units(ent, n_ent, ent + 8 * plan.pairs_at, n_pairs, plan.rows, post, norms, cache, k,
@@ -642,7 +643,7 @@ class TileScorer:
         (block, term) an entry) in ``_qtable``, with the tile ranges in ``_qbounds``."""
         qt, kn, qdev = self._query_tables, self._kernels, self._qdev.data_ptr()
         kn.query_in(1, 32 * -(-TC.QUERY_WORDS // 32), self._qhost_dev, qdev, stream=self._stream)  # a word a thread
-        kn.plan(-(-self.n_blocks * TC.PLAN_TERMS * 32 // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, qdev, qt.term_ptr,
+        kn.plan(-(-self.n_blocks * TC.PLAN_TERMS * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, qdev, qt.term_ptr,
                 qt.n_shards, qt.blk_shard, qt.shards, qt.blk_id, qt.blk_start, post, self.n_blocks, self.stride,
                 self._qtable.data_ptr(), self._qbounds.data_ptr(), self.tf_bits, stream=self._stream)
 
@@ -739,7 +740,7 @@ class TileScorer:
         peek = self._peek(rows, k, capacity)
         if rows == 1 and self._kernels is not None:
             self._kernels.rank(TC.RANK_BLOCKS, TC.RANK_THREADS, found.data_ptr(), capacity, self._head_dev, k,
-                               2 * peek, stream=self._stream)
+                               _rank_room(peek), stream=self._stream)
             return True
         if self._copies is not None:
             self._copies.to_host(self._head.data_ptr(), found.data_ptr(), 8 * (2 + 2 * peek), self._stream)
@@ -767,8 +768,10 @@ class TileScorer:
         self._started = None
         found = self._found
         n = min(k, total)
-        if on_device and total <= TC.SORT_MAX and n <= 2 * peek:  # ranked on the device: the first n keys in the head
-            return [_of_keys(head[2:2 + n])], rescored
+        room = _rank_room(peek)
+        if on_device and total <= TC.SORT_MAX and n <= room:  # ranked on the device: the first n docs and scores
+            scores = self._head_u32[2 * (2 + room):2 * (2 + room) + n].view(np.float32)
+            return [TopK(head[2:2 + n].copy(), scores.copy())], rescored
         if total <= HOST_RANK_MAX:  # ranked on the host
             pairs = head if total <= peek and not on_device else self._read_back(2 + 2 * total)
             return _rank_host(rows, k, self.num_docs, pairs[2:2 + 2 * total:2], pairs[3:3 + 2 * total:2]), rescored
@@ -791,6 +794,12 @@ class TileScorer:
         self._copies.record(self._rest_back, self._side)
         self._copies.wait_event(self._rest_back)
         return self._rest_host[:n].numpy()
+
+
+def _rank_room(peek: int) -> int:
+    """Results ``rank_candidates`` writes to the head when it has room for 2 + 2 * ``peek`` words: a word a doc, half a
+    word a score."""
+    return 4 * peek // 3
 
 
 @njit(cache=True, nogil=True)

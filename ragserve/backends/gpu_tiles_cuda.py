@@ -29,7 +29,7 @@ reach the threshold by the same adds as an upper bound (a 2-ulp division and 32-
 atomics Hopper has in shared memory while a float's is a compare-and-swap loop; a margin for the rest; 16 blocks a
 multiprocessor instead of 12), and ``bm25_listed`` scores the listed ones exactly.
 
-``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (a warp's search), a
+``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search), a
 single query's whole plan with them (``plan_single``: no host planning on its latency path), the k-th largest tile
 maximum (radix select), the collect kernel, which also clears the maxima it read, and a single query's ranking of its
 candidates.
@@ -55,7 +55,6 @@ RANK_BLOCKS = SORT_MAX * RANK_SPLIT // RANK_THREADS
 QMAX = 128  # terms of a query planned on the device (``plan_single``); more: on the host
 QUERY_WORDS = 2 + 2 * QMAX  # its Query struct, in 4-byte words
 PLAN_TERMS = 32  # plan_single's grid covers queries of up to this many terms in one pass
-SAMPLES = 32  # postings of an entry a warp reads at once before searching its tile ranges (``tile_starts``)
 # The scorer's running threshold (``run_scan``): a histogram of tile maxima, 16 bins a power of two from 2^-40 (the
 # bins' edges 4.4% apart), scanned every RUN_SCAN tiles a row; a row's words: the bins, the tiles counted, the threshold.
 RUN_BINS, RUN_SHIFT, RUN_BASE = 1024, 19, (127 - 40) << 4
@@ -487,51 +486,28 @@ SELECT_SOURCE = r"""
 // torch.topk, in one module (a launch from Python through ctypes costs a few microseconds, a Triton one tens).
 #define FULL 0xffffffffu
 
-// The tile ranges of one entry (count postings from p) by one warp: bounds[j] = the first posting whose doc offset in
-// the block is >= j * TILE, for every tile j < TPB (lane l takes tiles l, l + 32, ...). The lanes first read SAMPLES
-// postings spread evenly over the entry, all in one round trip, into the warp's row of shared memory; each lane finds
-// its tile's place among them there and then searches only the gap between two samples: log2(count / SAMPLES) dependent
-// loads instead of log2(count) (an entry holds up to a block's docs, and the search's loads come one after the other).
-__device__ __forceinline__ void tile_starts(const unsigned* __restrict__ p, const long long count, const int tf_bits,
-                                            unsigned* __restrict__ smp, const int lane, int* __restrict__ bounds)
+// The first of an entry's count postings p whose doc offset in its block is >= tile * TILE (binary search).
+__device__ __forceinline__ int tile_start(const unsigned* __restrict__ p, const long long count, const int tile,
+                                          const int tf_bits)
 {
-    const bool all = count <= SAMPLES;  // the samples are the postings: no search after them
-    for (int s = lane; s < SAMPLES; s += 32) {  // pos(s) increases strictly: count > SAMPLES spaces them >= 1 apart
-        const long long pos = all ? s : (s + 1) * count / (SAMPLES + 1);
-        smp[s] = pos < count ? __ldg(p + pos) : 0xFFFFFFFFu;  // past the end: above every target (< 2^32 - 1)
+    const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
+    long long lo = 0, hi = count;
+    while (lo < hi) {
+        const long long mid = (lo + hi) >> 1;
+        if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
+        else hi = mid;
     }
-    __syncwarp();
-    for (int tile = lane; tile < TPB; tile += 32) {
-        const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
-        int c = 0, hi = SAMPLES;  // c: the samples below the target
-        while (c < hi) {
-            const int mid = (c + hi) >> 1;
-            if ((unsigned long long)smp[mid] < target) c = mid + 1;
-            else hi = mid;
-        }
-        long long lo = c, top = c;  // the answer is in (pos(c - 1), pos(c)]: the first at or above the target
-        if (!all) {
-            lo = c == 0 ? 0 : c * count / (SAMPLES + 1) + 1;
-            top = c == SAMPLES ? count : (c + 1) * count / (SAMPLES + 1);
-        }
-        while (lo < top) {
-            const long long mid = (lo + top) >> 1;
-            if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
-            else top = mid;
-        }
-        bounds[tile] = (int)lo;
-    }
-    __syncwarp();  // the row is read before the warp's next entry samples into it
+    return (int)lo;
 }
 
-// bounds[e * TPB + j] = the first posting of entry e in tile j: a warp an entry.
+// bounds[e * TPB + j] = tile_start of entry e and tile j.
 extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long long n_ent,
                                        const unsigned* __restrict__ post, int* __restrict__ bounds, int tf_bits)
 {
-    __shared__ unsigned samples[BOUNDS_THREADS / 32][SAMPLES];
-    const long long e = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    if (e >= n_ent) return;
-    tile_starts(post + ent[e], ent[n_ent + e], tf_bits, samples[threadIdx.x / 32], threadIdx.x & 31, bounds + e * TPB);
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_ent * TPB) return;
+    const long long e = i / TPB;
+    bounds[i] = tile_start(post + ent[e], ent[n_ent + e], (int)(i % TPB), tf_bits);
 }
 
 // A single query's plan, made on the device (the host's plan costs a single query tens of microseconds of its latency),
@@ -539,7 +515,8 @@ extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long l
 // terms in ascending id, so a block's entries are in the canonical order; an entry whose term has no posting in the
 // block has count 0. The table is the host plan's, its columns `stride` apart whatever the query (entries: start,
 // count, weight bits; then the pairs: row, block, i0, i1, flat), and bounds tile_bounds'. The query is read from device
-// memory (query_in's copy) and the grid is fixed, so a captured graph replays it for any query. A warp for each entry.
+// memory (query_in's copy) and the grid is fixed, so a captured graph replays it for any query. A thread for each
+// (entry, tile).
 struct Query {
     int n, flat;  // terms (at most QMAX); may its sums be formed in any order (bm25.sum_is_exact)
     unsigned term[QMAX];  // ascending
@@ -558,13 +535,11 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
     const unsigned* __restrict__ blk_id, const unsigned* __restrict__ blk_start, const unsigned* __restrict__ post,
     long long n_blocks, long long stride, long long* __restrict__ table, int* __restrict__ bounds, int tf_bits)
 {
-    __shared__ unsigned samples[BOUNDS_THREADS / 32][SAMPLES];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const long long nt = q->n, n = n_blocks * nt;
-    const long long step = (long long)gridDim.x * (blockDim.x / 32);
-    for (long long e = (long long)blockIdx.x * (blockDim.x / 32) + w; e < n; e += step) {  // the same in every lane
-        const long long b = e / nt;
-        const int j = (int)(e % nt);
+    const long long nt = q->n, n = n_blocks * nt * TPB;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        const long long e = i / TPB, b = e / nt;
+        const int tile = (int)(i % TPB), j = (int)(e % nt);
         // shards: [entry base in the arena, posting base, first block, blocks], a row each of n_shards
         const int sh = blk_shard[b];
         const long long t = q->term[j], base = shards[sh];
@@ -587,7 +562,7 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
             start = shards[n_shards + sh] + a;
             count = __ldg(blk_start + lo + 1) - a;
         }
-        if (lane == 0) {
+        if (tile == 0) {
             table[e] = start;
             table[stride + e] = count;
             table[2 * stride + e] = q->wbits[j];
@@ -600,7 +575,7 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
                 pairs[4 * n_blocks + b] = q->flat;
             }
         }
-        tile_starts(post + start, count, tf_bits, samples[w], lane, bounds + e * TPB);
+        bounds[i] = tile_start(post + start, count, tile, tf_bits);
     }
 }
 
@@ -712,9 +687,11 @@ extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const floa
 }
 
 // A single query's ranking, after collect: when its n = found[0] candidates are all stored and n <= SORT_MAX, the
-// first min(n, k, out_cap) of their keys (0x7FFFFFFF - score bits) << 32 | doc in ascending order (score descending,
-// then doc ascending: FORMAT.md's ranking; positive f32 scores order like their bits) go to out[2:], pinned host memory
-// the host reads when the kernel is done, with no copy to wait for; out[0] = n in any case. Otherwise the host ranks
+// first min(n, k, out_cap) of them by their keys (0x7FFFFFFF - score bits) << 32 | doc in ascending order (score
+// descending, then doc ascending: FORMAT.md's ranking; positive f32 scores order like their bits) go to pinned host
+// memory the host reads when the kernel is done, with no copy to wait for: the docs as int64 from out[2], the scores' f32
+// bits from out[2 + out_cap] on, the result's arrays as they are (unpacking keys cost the host ~5 us at k = 1,000);
+// out[0] = n in any case. Otherwise the host ranks
 // them (or the query is scored again with more room). The keys are distinct (one a doc), so a key's place is the number
 // of keys below it: every block loads them all to shared memory and RANK_SPLIT threads count for each of its keys, a
 // share each. No barrier between the steps of a sort, and the work spread over SORT_MAX * RANK_SPLIT / RANK_THREADS
@@ -736,7 +713,10 @@ extern "C" __global__ void __launch_bounds__(RANK_THREADS) rank_candidates(const
     int below = 0;
     for (int j = part; j < n; j += RANK_SPLIT) below += keys[j] < key;
     for (int o = 1; o < RANK_SPLIT; o <<= 1) below += __shfl_xor_sync(FULL, below, o);  // the key's RANK_SPLIT lanes
-    if (mine < n && part == 0 && below < min(k, out_cap)) out[2 + below] = key;
+    if (mine < n && part == 0 && below < min(k, out_cap)) {
+        out[2 + below] = key & 0xFFFFFFFFull;
+        reinterpret_cast<unsigned*>(out + 2 + out_cap)[below] = 0x7FFFFFFFu - (unsigned)(key >> 32);
+    }
 }
 """
 
@@ -762,7 +742,7 @@ def defines(tile: int, tpb: int) -> dict[str, int]:
     return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
             "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
             "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS,
-            "SORT_MAX": SORT_MAX, "RANK_THREADS": RANK_THREADS, "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX, "SAMPLES": SAMPLES, "BOUNDS_THREADS": BOUNDS_THREADS,
+            "SORT_MAX": SORT_MAX, "RANK_THREADS": RANK_THREADS, "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX,
             "RUN_BINS": RUN_BINS, "RUN_SHIFT": RUN_SHIFT, "RUN_BASE": RUN_BASE, "RUN_SCAN": RUN_SCAN,
             "RUN_WORDS": RUN_WORDS}
 
