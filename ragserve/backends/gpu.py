@@ -226,6 +226,11 @@ class GpuBackend(Backend):
         self._caches[(k1, b)] = self._caches[key]
         return self._caches[key]
 
+    def _min_q(self, cache_np: np.ndarray) -> float:
+        """``bm25.sum_is_exact``'s bound: tf >= 1 and norm <= the largest bound tf * cache[norm] below; /4 keeps a
+        margin for the f32 rounding of a term's score."""
+        return float(cache_np[self._max_norm]) / 4
+
     def _accumulator(self, rows: int) -> torch.Tensor:
         if self._acc is None or self._acc.shape[0] < rows:
             n = rows if self._tiles is not None else self.plan.rows  # the tiled path only borrows one for counts
@@ -234,20 +239,32 @@ class GpuBackend(Backend):
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
                      times: KernelTimes | None = None) -> list[TopK]:
+        if len(queries) == 1 and times is None and self._tiles is not None and self._tiles.plans_on_device(queries[0]):
+            return [self._search_one(queries[0], k, k1, b)]
         todo = [i for i, q in enumerate(queries) if len(q)]
         empty = TopK(np.zeros(0, np.int64), np.zeros(0, np.float32)) if len(todo) < len(queries) else None
         results: list[TopK] = [empty] * len(queries)
         chunks = [todo[c:c + self.plan.rows] for c in range(0, len(todo), self.plan.rows)]
         with self._on_device():
             cache_np, cache = self._cache(k1, b)
-            # tf >= 1 and norm <= max_norm bound q below; /4 keeps a margin for the f32 rounding of s.
-            min_q = float(cache_np[self._max_norm]) / 4
+            min_q = self._min_q(cache_np)
             batches = [[queries[i] for i in idx] for idx in chunks]
             run = self._search_tiled if self._tiles is not None else self._search_dense
             for idx, tops in zip(chunks, run(batches, k, cache, min_q, times)):
                 for i, t in zip(idx, tops):
                     results[i] = t
         return results
+
+    def _search_one(self, query: QueryTerms, k: int, k1: float, b: float) -> TopK:
+        """A query the device plans, as one graph launch (``TileScorer.start_query``) with none of a batch's bookkeeping:
+        a single query's latency is mostly host work (H200 host: ~10 us of it went to the batch path's)."""
+        with self._on_device():
+            cache_np, cache = self._cache(k1, b)
+            flat = self.term_order == "auto" and T.sum_is_exact(query.weights, self._min_q(cache_np))
+            tiles = self._tiles
+            tiles.begin(1)
+            tiles.start_query(query, flat, self._post, self._norms, cache, k)
+            return tiles.finish_topk(lambda: self._launch_chunk((1, query, None, flat), cache, k))[0][0]
 
     def _search_dense(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
                       times: KernelTimes | None) -> list[list[TopK]]:
@@ -286,10 +303,6 @@ class GpuBackend(Backend):
             host_scoring[0] += time.perf_counter() - t  # the scoring itself where kernels run on the host
 
         cur = self._plan_chunk(batches[0], min_q)
-        if len(batches) == 1 and isinstance(cur[1], QueryTerms) and times is None:  # one query: one graph launch
-            tiles.begin(1)
-            tiles.start_query(cur[1], cur[3], self._post, self._norms, cache, k)
-            return [tiles.finish_topk(functools.partial(launch, cur))[0]]
         launch(cur)
         for n in range(len(batches)):
             tiles.start_topk(len(batches[n]), k)
