@@ -324,9 +324,8 @@ def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
 @needs_cuda
 def test_cuda_kth_largest_kernel():
     """The radix-select threshold kernel returns torch.topk's k-th largest value (ties, zeros, mostly zeros, one value
-    throughout, k = n, k > n: 0), with a row in registers (n <= KTH_REG * KTH_THREADS) or partly read again each pass,
-    and from the scorer's running histograms (counting every value, also those a threshold left out of the row: any
-    below the k-th largest); it clears the 8-byte count it is given."""
+    throughout, k = n, k > n: 0), with a row in registers (n <= KTH_REG * KTH_THREADS) or partly read again each pass;
+    it clears the 8-byte count it is given."""
     from ragserve.backends import gpu_tiles_cuda as TC
 
     dev = torch.device("cuda")
@@ -343,21 +342,12 @@ def test_cuda_kth_largest_kernel():
         rows[7] = rows[7] * 0.01 + 12.0  # scores in [12, 12.01): the bits above the low mantissa bits alike
         thr = torch.empty(8, dtype=torch.float32, device=dev)
         count = torch.ones(4, dtype=torch.int32, device=dev)
-        bits = rows.cpu().numpy().view(np.uint32)
-        bins = np.clip((bits >> TC.RUN_SHIFT).astype(np.int64) - TC.RUN_BASE, 0, TC.RUN_BINS - 1)
-        running = np.zeros((8, TC.RUN_WORDS), np.int32)
-        for r in range(8):
-            running[r, :TC.RUN_BINS] = np.bincount(bins[r][bits[r] != 0], minlength=TC.RUN_BINS)
-        running = torch.from_numpy(running).to(dev)
         for k in (1, 2, 10, 150, 1000, 10_000, n, n + 1):
+            kn.kth(8, TC.KTH_THREADS, rows, n, k, thr, count)
             want = (torch.topk(rows, k, dim=1).values.amin(dim=1) if k <= n else torch.zeros(8, device=dev))
-            # a threshold's gaps: values below the k-th largest left out of the row (still counted)
-            gaps = rows * ((rows >= want[:, None]) | (torch.rand(rows.shape, generator=gen).to(dev) < 0.5))
-            for hist, values in ((None, rows), (running, rows), (running, gaps)):
-                kn.kth(8, TC.KTH_THREADS, values, n, k, thr, count, hist if hist is not None else 0)
-                assert torch.equal(thr, want), (n, k, hist is not None)
-                assert count.tolist() == [0, 0, 1, 1]
-                count.fill_(1)
+            assert torch.equal(thr, want), (n, k)
+            assert count.tolist() == [0, 0, 1, 1]
+            count.fill_(1)
 
 
 @pytest.mark.gpu

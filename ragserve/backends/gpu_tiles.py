@@ -438,7 +438,6 @@ class TileScorer:
         self.maxima = torch.zeros((max_rows, self.n_groups), dtype=torch.float32, device=device)
         self.tile_maxima = torch.zeros((max_rows, self.n_tiles), dtype=torch.float32, device=device)
         self._dirty = 0  # rows scored and not cleared by a collect (an interrupted search)
-        self._counted = False  # set by ``begin``
         self.scores = torch.empty((max_rows, num_docs), dtype=torch.float32, device=device)
         self._thr = torch.zeros(max_rows, dtype=torch.float32, device=device)
         self._theta = torch.zeros(max_rows, dtype=torch.float32, device=device)  # the sample's thresholds
@@ -507,8 +506,6 @@ class TileScorer:
             self.tile_maxima[:self._dirty].zero_()
             self._running[:self._dirty].zero_()
         self._dirty = rows
-        # have the running histograms counted every tile scored since (kth_largest may select from them)?
-        self._counted = RUNNING_THRESHOLD
         if self._copies is not None:
             self._stream = current_stream(self.device)
 
@@ -683,12 +680,10 @@ class TileScorer:
         filtered = filters(n_units, rows, k, step)
         listed = self._listed_room(n_units).data_ptr() if filtered else 0  # kth clears its count
         kn.scorer(-(-n_units // step), threads, *unit_args, no_theta, running, step, 0, stream=self._stream)
-        kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed, running if self._counted else 0,
-               stream=self._stream)
+        kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, theta, listed, stream=self._stream)
         if not filtered:
             kn.scorer(n_units, threads, *unit_args, theta, running, 1, step, stream=self._stream)
             return
-        self._counted = False  # bm25_listed's tiles are not counted
         kn.filter(n_units, threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
                   self.tf_bits, self.block_size, theta, listed, stream=self._stream)
         kn.listed(kn.listed_grid, threads, *unit_args, theta, running, listed, stream=self._stream)
@@ -700,8 +695,7 @@ class TileScorer:
         found, kn = self._found_room(capacity), self._kernels
         if kn is not None:
             tile_maxima, thr, out = self.tile_maxima.data_ptr(), self._thr.data_ptr(), found.data_ptr()
-            kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, thr, out,
-                   self._running.data_ptr() if self._counted else 0, stream=self._stream)
+            kn.kth(rows, TC.KTH_THREADS, tile_maxima, self.n_tiles, k, thr, out, stream=self._stream)
             kn.collect((-(-self.n_groups // COLLECT_GROUPS), rows), TC.COLLECT_THREADS, self.scores.data_ptr(),
                        self.maxima.data_ptr(), tile_maxima, thr, self.num_docs, self.n_groups, self.n_tiles, out,
                        capacity, self._running.data_ptr(), stream=self._stream)

@@ -145,9 +145,9 @@ __device__ __forceinline__ int tile_range(const long long* __restrict__ ent, con
 // least that edge: tiles and groups below it hold no top-k doc, so they are not read out or written, like those under
 // a sample's threshold, but from the launch's own tiles. Counts only grow and every edge reached stays valid, so the
 // scan reads whatever counts have landed (L2, no ordering needed). The collect kernel clears a row's words.
-__device__ __forceinline__ int run_bin(const unsigned bits)  // of a non-negative float's bits
+__device__ __forceinline__ int run_bin(const float x)
 {
-    return min(max((int)(bits >> RUN_SHIFT) - RUN_BASE, 0), RUN_BINS - 1);
+    return min(max((int)(__float_as_uint(x) >> RUN_SHIFT) - RUN_BASE, 0), RUN_BINS - 1);
 }
 
 // Warp 0 of a block: lane l sums the l-th RUN_BINS / 32 bins from the top; the first lane whose running sum reaches k
@@ -282,7 +282,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     if (st && warp == 0) {
         unsigned c = 0;
         if (lane == 0) {
-            atomicAdd(st + run_bin(__float_as_uint(t_max)), 1u);
+            atomicAdd(st + run_bin(t_max), 1u);
             c = atomicAdd(st + RUN_BINS, 1u) + 1;
         }
         c = __shfl_sync(0xffffffffu, c, 0);
@@ -580,28 +580,18 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
 }
 
 // thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
-// radix select on their bit patterns (non-negative floats order like unsigned integers): passes of 8 bits, each
+// radix select on their bit patterns (non-negative floats order like unsigned integers): 4 passes of 8 bits, each
 // counting the values that share the digits found so far. A thread keeps its first KTH_REG values in registers (one
 // read for all passes). Zeros are not counted (most tiles of a sample, or below its threshold, are zero: one
 // shared-memory counter would take them all): fewer than need nonzero values under the prefix make the answer 0.
-// Given the scorer's running histograms (``running``; where every tile scored since they were cleared counted its
-// maximum: not after bm25_listed), the row's counts from the top find the bin holding the k-th largest and how many are
-// above it; where that bin is an inner one (its values share their bits above RUN_SHIFT) holding at most a value a
-// thread, only its values are read into registers and selected among, over the bits below RUN_SHIFT: one pass over the
-// row and three small ones instead of four over all of it (7.5 us a single query at 21M docs on the H200). Every tile
-// reaching the k-th largest wrote its maximum (it was never under a threshold), so it is among them.
 // Also clears the 8-byte count at count (the collect kernel's, or the head of the filter's list).
 extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const float* __restrict__ tile_maxima,
-    long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ count,
-    const unsigned* __restrict__ running)
+    long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ count)
 {
-    static_assert(RUN_BINS == KTH_THREADS, "a histogram's bin a thread");
     __shared__ unsigned hist[256];
-    __shared__ unsigned s_part[KTH_THREADS / 32];
-    __shared__ unsigned s_sel[KTH_THREADS];
-    __shared__ unsigned s_prefix, s_bin, s_fill;
+    __shared__ unsigned s_prefix;
     __shared__ int s_need;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31;
     if (count && tid == 0 && blockIdx.x == 0) count[0] = 0;
     if (k > n_tiles) {
         if (tid == 0) thr[blockIdx.x] = 0.0f;
@@ -609,66 +599,22 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
     }
     const float* x = tile_maxima + blockIdx.x * n_tiles;
     unsigned v[KTH_REG];
+#pragma unroll
+    for (int j = 0; j < KTH_REG; ++j) {
+        const long long i = tid + (long long)j * KTH_THREADS;
+        v[j] = i < n_tiles ? __float_as_uint(x[i]) : 0u;
+    }
     unsigned prefix = 0, mask = 0;
     int need = k;  // the k-th largest is the need-th largest of the values under the prefix; 0: it is 0
-    int hi = 31;  // the next pass's top bit
-    long long again = n_tiles;  // values past the registers are read again each pass up to this
-    if (running) {
-        // thread t: bin RUN_BINS - 1 - t; an inclusive scan of the counts from the top
-        const unsigned c = __ldcg(running + blockIdx.x * RUN_WORDS + RUN_BINS - 1 - tid);
-        unsigned incl = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned up = __shfl_up_sync(FULL, incl, o);
-            if (lane >= o) incl += up;
-        }
-        if (lane == 31) s_part[warp] = incl;
-        if (tid == 0) s_bin = 0, s_need = 0;
-        __syncthreads();
-        for (int w = 0; w < warp; ++w) incl += s_part[w];
-        if (incl >= (unsigned)k && incl - c < (unsigned)k) {  // this thread's bin holds the k-th largest
-            const int bin = RUN_BINS - 1 - tid;
-            s_need = k - (int)(incl - c);
-            s_bin = bin > 0 && bin < RUN_BINS - 1 && c <= KTH_THREADS ? bin : 0u;  // 0: select among all
-        }
-        s_fill = 0;
-        __syncthreads();
-        if (s_need == 0) {  // fewer than k tiles have a maximum
-            if (tid == 0) thr[blockIdx.x] = 0.0f;
-            return;
-        }
-    }
-    if (running && s_bin) {  // the bin's values, one a thread
-        for (long long i = tid; i < n_tiles; i += KTH_THREADS) {
-            const unsigned u = __float_as_uint(x[i]);
-            if (u && run_bin(u) == (int)s_bin) s_sel[atomicAdd(&s_fill, 1u)] = u;
-        }
-        __syncthreads();
-        v[0] = tid < (int)s_fill ? s_sel[tid] : 0u;
-#pragma unroll
-        for (int j = 1; j < KTH_REG; ++j) v[j] = 0u;
-        again = 0;
-        need = s_need;
-        hi = RUN_SHIFT - 1;
-        mask = ~((1u << RUN_SHIFT) - 1u);
-        prefix = (s_bin + RUN_BASE) << RUN_SHIFT;
-    } else {
-#pragma unroll
-        for (int j = 0; j < KTH_REG; ++j) {
-            const long long i = tid + (long long)j * KTH_THREADS;
-            v[j] = i < n_tiles ? __float_as_uint(x[i]) : 0u;
-        }
-    }
-    for (; hi >= 0; hi -= 8) {
-        const int lo = max(hi - 7, 0);
-        const unsigned dmask = (2u << (hi - lo)) - 1u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += KTH_THREADS) hist[i] = 0;
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < KTH_REG; ++j)
-            if (v[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> lo) & dmask], 1u);
-        for (long long i = tid + (long long)KTH_REG * KTH_THREADS; i < again; i += KTH_THREADS) {
+            if (v[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> shift) & 255u], 1u);
+        for (long long i = tid + (long long)KTH_REG * KTH_THREADS; i < n_tiles; i += KTH_THREADS) {
             const unsigned u = __float_as_uint(x[i]);
-            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> lo) & dmask], 1u);
+            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
         }
         __syncthreads();
         if (tid < 32) {  // lane l holds digits 255 - 8l down to 248 - 8l; counts from the top by a scan over lanes
@@ -690,14 +636,14 @@ extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const floa
                 int j = 0;
                 while (above + c[j] < (unsigned)need) above += c[j++];
                 s_need = need - (int)above;
-                s_prefix = prefix | ((unsigned)(255 - 8 * lane - j) << lo);
+                s_prefix = prefix | ((unsigned)(255 - 8 * lane - j) << shift);
             }
         }
         __syncthreads();
         need = s_need;
         if (need == 0) break;
         prefix = s_prefix;
-        mask |= dmask << lo;
+        mask |= 255u << shift;
     }
     if (tid == 0) thr[blockIdx.x] = need == 0 ? 0.0f : __uint_as_float(prefix);
 }
@@ -816,7 +762,7 @@ class TileKernels:
         # bm25_listed's grid: the blocks that are resident at once
         self.listed_grid = torch.cuda.get_device_properties(device).multi_processor_count * min_blocks(tile)
         self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32"])
-        self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr", "ptr"])
+        self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
         self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64", "ptr"])
         self.rank = module.kernel("rank_candidates", ["ptr", "i64", "ptr", "i32", "i32"])
         self.query_in = module.kernel("query_in", ["ptr", "ptr"])
