@@ -33,6 +33,19 @@ def assert_parity(gpu: GpuBackend, cpu: CpuBackend, queries, k: int, k1: float =
     assert sum(len(r.docids) for r in got) > 0
 
 
+def small_blocks(hotpot_paragraphs_jsonl, tmp_path) -> tuple[IndexReader, Searcher, list]:
+    """HotpotQA paragraphs in 64-doc blocks (~80 tiles a query: room for a sample and thresholds), a cpu searcher and
+    the dev questions analysed."""
+    from indexer.writer import build_index
+
+    build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,
+                                                                          progress=False))
+    reader = IndexReader(tmp_path / "idx")
+    s = Searcher(reader, backend="cpu", threads=1)
+    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
+        return reader, s, [s.analyze(json.loads(line)["question_text"]) for line in f]
+
+
 @pytest.fixture(scope="module")
 def arguana(arguana_index, arguana_queries):
     reader = IndexReader(arguana_index)
@@ -456,14 +469,7 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
     the units it lists (FILTER_RATIO 1: wherever k <= the units sampled a row) or every unit scored with the tiles
     below it not read out (1000): small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k
     stays the cpu backend's."""
-    from indexer.writer import build_index
-
-    build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,
-                                                                          progress=False))
-    reader = IndexReader(tmp_path / "idx")
-    s = Searcher(reader, backend="cpu", threads=1)
-    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
-        queries = [s.analyze(json.loads(line)["question_text"]) for line in f]
+    reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 2.0)
     monkeypatch.setattr(gpu_tiles, "MIN_SAMPLE_STEP", 2)
     monkeypatch.setattr(gpu_tiles, "SAMPLE_MIN_UNITS", 0)
@@ -495,21 +501,16 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
     """The scorer's running threshold, scanned every few tiles here: never above a row's k-th largest exact tile maximum
     (so no top-k doc is below it), raised, and every tile reaching it still writes its exact maximum; the top-k stays
     the cpu backend's, and the state is zero again after each search."""
-    from indexer.writer import build_index
     from ragserve.backends import gpu_tiles_cuda as TC
 
-    build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,
-                                                                          progress=False))
-    reader = IndexReader(tmp_path / "idx")
-    s = Searcher(reader, backend="cpu", threads=1)
-    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
-        queries = [q for q in (s.analyze(json.loads(line)["question_text"]) for line in f) if len(q)][:32]
+    reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
+    queries = [q for q in queries if len(q)][:32]
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)  # every unit scored in one launch
     monkeypatch.setattr(TC, "RUN_SCAN", 4)  # compiled in: set before the kernels are built
     g = GpuBackend(reader, kernel="triton", max_batch=32)
     tiles = g._tiles
     cache_np, cache = g._cache(0.9, 0.4)
-    min_q = float(cache_np[g._max_norm]) / 4
+    min_q = g._min_q(cache_np)
     for k in (1, 10, 30):
         maxima = {}
         for running in (False, True):
@@ -539,21 +540,16 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
 def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragraphs_jsonl, tmp_path, monkeypatch):
     """The filter's bound (fast division, fixed-point sums) never falls under a tile's exact maximum: with the threshold
     set to exactly one of a row's exact tile maxima, every unit reaching it is listed, and few others are."""
-    from indexer.writer import build_index
     from ragserve.backends import gpu_tiles_cuda as TC
 
-    build_index([hotpot_paragraphs_jsonl], tmp_path / "idx", BuildOptions(block_size=64, bank_bytes=1 << 20,
-                                                                          progress=False))
-    reader = IndexReader(tmp_path / "idx")
-    s = Searcher(reader, backend="cpu", threads=1)
-    with open(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")) as f:
-        queries = [q for q in (s.analyze(json.loads(line)["question_text"]) for line in f) if len(q)][:32]
+    reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
+    queries = [q for q in queries if len(q)][:32]
     monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)  # every unit scored exactly, no threshold
     monkeypatch.setattr(gpu_tiles, "RUNNING_THRESHOLD", False)  # nor a running one: every tile's maximum written
     g = GpuBackend(reader, kernel="triton", max_batch=32)
     tiles, kn = g._tiles, g._tiles._kernels
     cache_np, cache = g._cache(0.9, 0.4)
-    rows, plan, _, _ = g._plan_chunk(queries, float(cache_np[g._max_norm]) / 4)
+    rows, plan, _, _ = g._plan_chunk(queries, g._min_q(cache_np))
     tiles.begin(rows)
     tiles.score(plan, g._post, g._norms, cache, 1)
     exact = tiles.tile_maxima[:rows].clone()  # row, global tile: the f32 of each tile's f64 maximum

@@ -56,7 +56,8 @@ QMAX = 128  # terms of a query planned on the device (``plan_single``); more: on
 QUERY_WORDS = 2 + 2 * QMAX  # its Query struct, in 4-byte words
 PLAN_TERMS = 32  # plan_single's grid covers queries of up to this many terms in one pass
 # The scorer's running threshold (``run_scan``): a histogram of tile maxima, 16 bins a power of two from 2^-40 (the
-# bins' edges 4.4% apart), scanned every RUN_SCAN tiles a row; a row's words: the bins, the tiles counted, the threshold.
+# bins' edges 4.4% apart), scanned every RUN_SCAN tiles a row; a row's words: the bins, the tiles counted, the threshold
+# and two spare (rows 16 bytes apart: the scan reads the bins 16 bytes at a time).
 RUN_BINS, RUN_SHIFT, RUN_BASE = 1024, 19, (127 - 40) << 4
 RUN_SCAN = 256
 RUN_WORDS = RUN_BINS + 4
@@ -140,8 +141,8 @@ __device__ __forceinline__ int tile_range(const long long* __restrict__ ent, con
 
 // The running threshold (``running``: RUN_WORDS a row; null: none). Each scored tile counts its maximum in the row's
 // histogram (RUN_BINS bins of RUN_SHIFT-bit steps of the f32 bits from RUN_BASE: 16 a power of two, values outside in
-// the end bins); every RUN_SCAN tiles one block finds the highest bin edge that k of the tiles counted so far reach and
-// raises the row's threshold (word RUN_BINS + 1) to it. The k-th largest tile maximum, and so the k-th score, is at
+// the end bins); at the k-th tile counted and every RUN_SCAN-th after, one block finds the highest bin edge that k of
+// the tiles counted so far reach and raises the row's threshold (word RUN_BINS + 1) to it. The k-th largest tile maximum, and so the k-th score, is at
 // least that edge: tiles and groups below it hold no top-k doc, so they are not read out or written, like those under
 // a sample's threshold, but from the launch's own tiles. Counts only grow and every edge reached stays valid, so the
 // scan reads whatever counts have landed (L2, no ordering needed). The collect kernel clears a row's words.
