@@ -20,7 +20,8 @@ scores a sample of them (``sample_step``): the k-th largest of a row's sampled t
 Where few tiles can reach that threshold (``FILTER_RATIO``), a 4-byte pass over every unit (half the shared memory, so
 more blocks a multiprocessor) bounds each tile's maximum from above and lists the units that may reach it; only they
 are scored in f64 and read out. Otherwise every unit is scored. Either way a tile whose maximum falls below the
-threshold writes nothing.
+threshold writes nothing. Every CUDA scoring launch also raises a running threshold from its own finished tiles' maxima
+(``gpu_tiles_cuda.run_scan``): at large k, where no sample pays, later tiles skip their read-out by it.
 
 Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
 vectorised binary search (``_bounds_kernel``); the scoring kernel then walks contiguous posting ranges.
