@@ -9,7 +9,8 @@ leaves, hit every variant alike).
 
 "Largest": the 10% of the first ``--queries`` mapped queries with the most postings (``bench_gpu.py``'s "large");
 a batch of r queries takes r consecutive ones. Variants: ``default`` (the checkout's settings), ``sample``
-(``SAMPLE_MIN_UNITS`` 0: sampled wherever ``sample_step`` allows), ``no-sample`` (never). ``--code`` imports the
+(``SAMPLE_MIN_UNITS`` 0: sampled wherever ``sample_step`` allows), ``no-sample`` (never), ``no-running`` (the CUDA
+scorer without its running threshold, ``RUNNING_THRESHOLD`` off). ``--code`` imports the
 backend from another checkout (to compare commits on one machine, one process after the other). ``--batch-qps``
 adds the throughput of all the queries in batches of 64 (best of 3). The synthetic index and the query mapping are
 ``bench_gpu.py``'s (``scripts/synth_layout.py``).
@@ -22,7 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = {"default": None, "sample": 0, "no-sample": 1 << 62}  # SAMPLE_MIN_UNITS (None: as the checkout has it)
+# the gpu_tiles settings of each variant (the rest as the checkout has them)
+VARIANTS = {"default": {}, "sample": {"SAMPLE_MIN_UNITS": 0}, "no-sample": {"SAMPLE_MIN_UNITS": 1 << 62},
+            "no-running": {"RUNNING_THRESHOLD": False}}
 
 
 def main() -> int:
@@ -65,9 +68,15 @@ def main() -> int:
                 for i, v in enumerate(args.variants)}
     planner = g.device_arrays()["planner"]
     k1, b = reader.k1, reader.b
-    home = getattr(gpu_tiles, "SAMPLE_MIN_UNITS", None)
-    if home is None and set(args.variants) != {"default"}:
-        raise SystemExit(f"{args.code} has no SAMPLE_MIN_UNITS: only --variants default")
+    names = {a for v in args.variants for a in VARIANTS[v]}
+    if missing := sorted(a for a in names if not hasattr(gpu_tiles, a)):
+        raise SystemExit(f"{args.code} has no {', '.join(missing)}: those variants cannot run there")
+    home = {a: getattr(gpu_tiles, a) for a in names}
+
+    def use(variant: str) -> None:
+        for a, x in home.items():
+            setattr(gpu_tiles, a, VARIANTS[variant].get(a, x))
+
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report: dict = {"argv": sys.argv, "card": card, "code": str(args.code), "results": {}}
     for spec in args.synth_topics:
@@ -90,14 +99,12 @@ def main() -> int:
                         # Rotated: each variant comes first as often (the first meets the batch's postings outside
                         # L2: 7% slower at 100M with identical settings).
                         for v in args.variants[i % len(args.variants):] + args.variants[:i % len(args.variants)]:
-                            if home is not None:
-                                gpu_tiles.SAMPLE_MIN_UNITS = home if VARIANTS[v] is None else VARIANTS[v]
+                            use(v)
                             dt = _timed(backends[v].search_terms, batch, k, k1, b)
                             if rep:  # the first pass warms up
                                 lat[v].append(dt)
                 res[f"rows={r} p50 ms"] = {v: round(1e3 * float(np.median(x)), 4) for v, x in lat.items()}
-            if home is not None:
-                gpu_tiles.SAMPLE_MIN_UNITS = home
+            use("default")
             report["results"][f"{name}/{qname} k={k}"] = res
             print(f"{name}/{qname} k={k} {json.dumps(res)}", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
