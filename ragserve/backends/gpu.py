@@ -260,7 +260,7 @@ class GpuBackend(Backend):
         a single query's latency is mostly host work (H200 host: ~10 us of it went to the batch path's)."""
         with self._on_device():
             cache_np, cache = self._cache(k1, b)
-            flat = self.term_order == "auto" and T.sum_is_exact(query.weights, self._min_q(cache_np))
+            flat = self._flat(query, self._min_q(cache_np))
             tiles = self._tiles
             tiles.begin(1)
             tiles.start_query(query, flat, self._post, self._norms, cache, k)
@@ -364,7 +364,7 @@ class GpuBackend(Backend):
         with which queries' terms the CUDA kernel may add at once (``_exact``), and the streamed shards' items
         (planned when staged) and flags. A single query the device plans is its own plan, with its flag."""
         if len(queries) == 1 and self._tiles.plans_on_device(queries[0]):  # planned by the scoring launch
-            return 1, queries[0], None, self.term_order == "auto" and T.sum_is_exact(queries[0].weights, min_q)
+            return 1, queries[0], None, self._flat(queries[0], min_q)
         if not self.plan.streamed:  # one compiled call from the queries to the plan
             plan = T.plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
             return len(queries), plan, None, np.zeros(0, bool)
@@ -389,6 +389,10 @@ class GpuBackend(Backend):
                 pbase, _ = self._stage(s, part)
                 tiles.score(T.plan_tiles(self._planner, part, pbase, self._n_blocks, flat), self._post,
                             self._norms, cache, k)
+
+    def _flat(self, query: QueryTerms, min_q: float) -> bool:
+        """``_exact`` of one query, by the compiled ``sum_is_exact`` (a single query waits on it)."""
+        return self.term_order == "auto" and bool(T.sum_is_exact(query.weights, min_q))
 
     def _exact(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
         """Per query: may its f64 sums be formed in any order (``bm25.sum_is_exact``; never with
