@@ -735,8 +735,8 @@ class TileScorer:
 
     def _queue_selection(self, rows: int, k: int, capacity: int) -> bool:
         """Queue the threshold, the collect and the count and first candidates to the host: a single query's ranked by
-        ``rank_candidates``, which writes the count and the first keys to the pinned head itself; otherwise the
-        (index, score bits) pairs in one transfer. Returns whether the device ranks."""
+        ``rank_candidates``, which writes the count and the first docs and scores to the pinned head itself (layout:
+        ``_rank_room``); otherwise the (index, score bits) pairs in one transfer. Returns whether the device ranks."""
         found = self._collect(rows, k, capacity)
         peek = self._peek(rows, k, capacity)
         if rows == 1 and self._kernels is not None:
@@ -798,8 +798,8 @@ class TileScorer:
 
 
 def _rank_room(peek: int) -> int:
-    """Results ``rank_candidates`` writes to the head when it has room for 2 + 2 * ``peek`` words: a word a doc, half a
-    word a score."""
+    """Results ``rank_candidates`` writes to the head when it has room for 2 + 2 * ``peek`` words: a word a doc from
+    word 2, half a word a score from word 2 + the room."""
     return 4 * peek // 3
 
 
@@ -840,6 +840,6 @@ def _rank_host(rows: int, k: int, num_docs: int, idx: np.ndarray, bits: np.ndarr
 
 
 def _of_keys(keys: np.ndarray) -> TopK:
-    """Docs and scores of ranking keys ``(0x7FFFFFFF - score bits) << 32 | doc`` (``_rank_keys``'s and the CUDA
-    ``rank_candidates`` kernel's), in their order."""
+    """Docs and scores of ranking keys ``(0x7FFFFFFF - score bits) << 32 | doc`` (``_rank_keys``'s), in their
+    order."""
     return TopK(keys & 0xFFFFFFFF, (0x7FFFFFFF - (keys >> 32)).astype(np.int32).view(np.float32))
