@@ -190,8 +190,8 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
 {
     __shared__ __align__(16) double acc[TILE];
     __shared__ float g_max[NG];
-    __shared__ long long t_first[MAX_TERMS];  // flat path: then minus the term's first flat index
-    __shared__ int t_count[MAX_TERMS];
+    __shared__ long long t_first[MAX_TERMS];  // the term's first posting; flat path: minus its first flat index
+    __shared__ int t_count[MAX_TERMS];  // not flat: the term's postings in the tile
     __shared__ float t_w[MAX_TERMS];
     __shared__ int t_end[MAX_TERMS];  // flat path: inclusive prefix sum of the counts
     __shared__ float w_max[THREADS / 32];
@@ -220,34 +220,49 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     float run = 0.0f;  // the largest sum this thread wrote: scores only grow, so their maximum is the tile's
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
-        __syncthreads();  // the previous terms' ranges are no longer read
-        for (int i = tid; i < ne; i += THREADS) {
-            const long long e = e0 + i;
-            long long first;
-            t_count[i] = tile_range(ent, n_ent, bounds, e, tile, first);
-            t_first[i] = first;
-            t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
-        }
-        __syncthreads();
-        if (flat) {
-            if (warp == 0) {
-                const int a = 2 * lane < ne ? t_count[2 * lane] : 0, b = 2 * lane + 1 < ne ? t_count[2 * lane + 1] : 0;
-                int incl = a + b;
+        if (e0 != i0) __syncthreads();  // the previous terms' ranges are no longer read
+        if (warp == 0) {  // lane l: entries 2 l and 2 l + 1; on the flat path numbered end to end
+            long long first[2];
+            int count[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = 2 * lane + r;
+                count[r] = 0;
+                if (i < ne) {
+                    const long long e = e0 + i;
+                    count[r] = tile_range(ent, n_ent, bounds, e, tile, first[r]);
+                    t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
+                }
+            }
+            if (flat) {
+                int incl = count[0] + count[1];
                 for (int o = 1; o < 32; o <<= 1) {
                     const int v = __shfl_up_sync(0xffffffffu, incl, o);
                     if (lane >= o) incl += v;
                 }
-                const int before = incl - a - b;
-                if (2 * lane < ne) {
-                    t_end[2 * lane] = before + a;
-                    t_first[2 * lane] -= before;
+                int before = incl - count[0] - count[1];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = 2 * lane + r;
+                    if (i < ne) {
+                        t_first[i] = first[r] - before;
+                        before += count[r];
+                        t_end[i] = before;
+                    }
                 }
-                if (2 * lane + 1 < ne) {
-                    t_end[2 * lane + 1] = incl;
-                    t_first[2 * lane + 1] -= before + a;
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = 2 * lane + r;
+                    if (i < ne) {
+                        t_first[i] = first[r];
+                        t_count[i] = count[r];
+                    }
                 }
             }
-            __syncthreads();
+        }
+        __syncthreads();  // the ranges are read, the zeroing is done
+        if (flat) {
             const int total = t_end[ne - 1];
             work += total;
             FLAT_ADDS(SCORE_EXACT, ADD_F64)
@@ -386,7 +401,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_listed(UN
 // memory of the f64 tile, so more blocks a multiprocessor, and native integer atomics), in any order, only to bound
 // its maximum from above; those that may reach it are appended to listed for bm25_listed. The scale is the largest
 // power of two that keeps the sum of the unit's weights under 2^31: a doc's score is below that sum, so no sum of
-// terms rounded up overflows.
+// terms rounded up overflows. A unit holds ~15-40 postings at 21M docs (a batch launches ~660,000), so the kernel is
+// bound by each unit's fixed work: one barrier after the ranges (two only for units of over MAX_TERMS entries), and
+// the block's verdict by one barrier reduction instead of a maximum gathered through shared memory.
 extern "C" __global__ void __launch_bounds__(THREADS, FILTER_BLOCKS)
 bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs,
             long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
@@ -397,7 +414,6 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
     __shared__ long long t_first[MAX_TERMS];  // minus the term's first flat index
     __shared__ float t_w[MAX_TERMS];
     __shared__ int t_end[MAX_TERMS];  // inclusive prefix sum of the counts
-    __shared__ float w_max[THREADS / 32];
     __shared__ float s_w_sum;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const long long unit = blockIdx.x;
@@ -409,8 +425,14 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
     if (d0 >= num_docs) return;
     const unsigned tf_mask = (1u << tf_bits) - 1u;
     const int toff = tile * TILE;
-    for (int j = tid; j < TILE / 4; j += THREADS) reinterpret_cast<uint4*>(acc)[j] = make_uint4(0u, 0u, 0u, 0u);
-    if (warp == 0) {  // the unit's weights (the first barrier below publishes their sum)
+#if TILE / 4 >= THREADS  // a count the compiler knows: no loop
+#pragma unroll
+    for (int j = 0; j < TILE / 4 / THREADS; ++j) reinterpret_cast<uint4*>(acc)[j * THREADS + tid] = make_uint4(0u, 0u, 0u, 0u);
+#else
+    if (tid < TILE / 4) reinterpret_cast<uint4*>(acc)[tid] = make_uint4(0u, 0u, 0u, 0u);
+#endif
+    const bool one_pass = i1 - i0 <= MAX_TERMS;  // nearly always: the ranges' pass sums the weights too
+    if (!one_pass && warp == 0) {  // the unit's weights (the first barrier below publishes their sum)
         float w = 0.0f;
         for (long long e = i0 + lane; e < i1; e += 32) w = __fadd_rn(w, __int_as_float((int)ent[2 * n_ent + e]));
         for (int o = 16; o; o >>= 1) w = __fadd_rn(w, __shfl_xor_sync(0xffffffffu, w, o));
@@ -421,10 +443,11 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
     float scale = 0.0f;
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
-        __syncthreads();  // the previous terms' ranges are no longer read, nor their adds running
+        if (e0 != i0) __syncthreads();  // the previous terms' ranges are no longer read, nor their adds running
         if (warp == 0) {  // lane l: entries 2 l and 2 l + 1, numbered end to end
             long long first[2];
             int count[2];
+            float w = 0.0f;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int i = 2 * lane + r;
@@ -433,7 +456,12 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
                     const long long e = e0 + i;
                     count[r] = tile_range(ent, n_ent, bounds, e, tile, first[r]);
                     t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
+                    w = __fadd_rn(w, t_w[i]);
                 }
+            }
+            if (one_pass) {
+                for (int o = 16; o; o >>= 1) w = __fadd_rn(w, __shfl_xor_sync(0xffffffffu, w, o));
+                if (lane == 0) s_w_sum = w;
             }
             int incl = count[0] + count[1];
             for (int o = 1; o < 32; o <<= 1) {
@@ -451,7 +479,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
                 }
             }
         }
-        __syncthreads();
+        __syncthreads();  // the ranges are read, the zeroing is done
         // s_w_sum < 2^e (positive weights: a normal float): the scale is 2^(31 - e)
         const int e = max(((__float_as_int(s_w_sum) >> 23) & 0xFF) - 126, -64);
         scale = __int_as_float((127 + 31 - e) << 23);
@@ -460,19 +488,13 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
         FLAT_ADDS(SCORE_BOUND, ADD_FIXED)
     }
     if (work == 0) return;
-    for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
-    if (lane == 0) w_max[warp] = run;
-    __syncthreads();
-    if (tid == 0) {
-        float t_run = w_max[0];
-        for (int w = 1; w < THREADS / 32; ++w) t_run = fmaxf(t_run, w_max[w]);
-        t_run = __fmul_rn(t_run, __int_as_float((254 - ((__float_as_int(scale) >> 23) & 0xFF)) << 23));  // / scale
-        // The integer sums are at least the terms' sum, and their f32 is within 2^-24 of it; the relative margin keeps
-        // an f32 rounding of a score up to the threshold on the listed side. SCORE_BOUND is at most 2^-20 w under
-        // each term's exact score: the weights' sum bounds that with room.
-        if (__fadd_rn(__fmul_rn(t_run, 1.0f + 0x1p-12f), __fmul_rn(s_w_sum, 0x1p-16f)) >= theta[row])
-            listed[1 + atomicAdd(listed, 1u)] = (unsigned)unit;
-    }
+    // The integer sums are at least the terms' sum, and their f32 is within 2^-24 of it; the relative margin keeps an
+    // f32 rounding of a score up to the threshold on the listed side. SCORE_BOUND is at most 2^-20 w under each term's
+    // exact score: the weights' sum bounds that with room. The test only grows with run, so the block's maximum passes
+    // it exactly when some thread's run does.
+    const float t_run = __fmul_rn(run, __int_as_float((254 - ((__float_as_int(scale) >> 23) & 0xFF)) << 23));  // / scale
+    const bool pass = __fadd_rn(__fmul_rn(t_run, 1.0f + 0x1p-12f), __fmul_rn(s_w_sum, 0x1p-16f)) >= theta[row];
+    if (__syncthreads_or(pass) && tid == 0) listed[1 + atomicAdd(listed, 1u)] = (unsigned)unit;
 }
 """
 
