@@ -43,15 +43,15 @@ def test_production_tile_kernels_fit_their_blocks(tmp_path):
     assert {"bm25_tiles", "bm25_listed", "bm25_filter", "tile_bounds", "kth_largest", "collect"} <= set(report)
     threads = TC.threads(tile)
     for name, blocks in (("bm25_tiles", TC.min_blocks(tile)), ("bm25_listed", TC.min_blocks(tile)),
-                         ("bm25_filter", TC.filter_blocks(tile))):
+                         ("bm25_filter", TC.filter_blocks(tile, 128))):
         r = report[name]
         assert r["spills"] == 0, (name, r)
         assert r["registers"] * threads * blocks <= SM_REGISTERS, (name, r, blocks)
         assert (r["smem"] + RESERVED) * blocks <= SM_SHARED, (name, r, blocks)
-    # the filter's f32 tile is what buys it more resident blocks than the f64 scorer
-    assert TC.filter_blocks(tile) > TC.min_blocks(tile)
+    # the filter's 16-bit sums are what buy it more resident blocks than the f64 scorer, two tiles a block
+    assert TC.filter_span(128) == 2 and TC.filter_blocks(tile, 128) > TC.min_blocks(tile)
 
 
-@pytest.mark.parametrize("tile", [1024, 64, 32])
-def test_other_tile_sizes_build(tile, tmp_path):
-    assert {"bm25_tiles", "bm25_listed", "bm25_filter"} <= set(ptxas_report(tile, 262144 // tile, tmp_path))
+@pytest.mark.parametrize("tile, tpb", [(1024, 256), (64, 4096), (32, 8192), (64, 1)])
+def test_other_tile_sizes_build(tile, tpb, tmp_path):
+    assert {"bm25_tiles", "bm25_listed", "bm25_filter"} <= set(ptxas_report(tile, tpb, tmp_path))

@@ -685,7 +685,7 @@ class TileScorer:
         if not filtered:
             kn.scorer(n_units, threads, *unit_args, theta, running, 1, step, stream=self._stream)
             return
-        kn.filter(n_units, threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
+        kn.filter(n_units // TC.filter_span(self.tpb), threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
                   self.tf_bits, self.block_size, theta, listed, stream=self._stream)
         kn.listed(kn.listed_grid, threads, *unit_args, theta, running, listed, stream=self._stream)
 

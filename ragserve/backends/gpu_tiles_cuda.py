@@ -71,8 +71,8 @@ static_assert(NG <= THREADS, "one ballot per warp finds its kept groups");
 static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per lane of one warp");
 // The flat path's adds: postings j = tid, tid + THREADS, ... of the tile's terms numbered end to end (t_end: the
 // inclusive prefix sum of their counts; t_first: a term's first posting minus its first flat index), UNROLL at a
-// time with their loads in flight together; run keeps the largest sum stored. SCORE(w, q) is a posting's term score
-// from its weight and tf * cache[norm]; ADD(cell, s) adds s to a cell and returns the f32 of the sum it stored. A
+// time with their loads in flight together. SCORE(w, q) is a posting's term score from its weight and tf * cache[norm];
+// ADD(off, s) adds s to the sum of the doc at offset off from the tile's first and keeps the largest sum stored. A
 // macro, not a function: the f64 scorer and the filter compile to the same code as when each spelled it out (a
 // function taking the shared arrays by pointer did not).
 #define FLAT_ADDS(SCORE, ADD)                                                                                   \
@@ -97,7 +97,7 @@ static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per 
                     const float w = t_w[term[r]];                                                               \
                     const float q = __fmul_rn((float)(p[r] & tf_mask), __ldg(cache + nb[r]));                   \
                     const float s = SCORE(w, q);                                                                \
-                    run = fmaxf(run, ADD(&acc[(int)(p[r] >> tf_bits) - toff], s));                              \
+                    ADD((int)(p[r] >> tf_bits) - toff, s);                                                      \
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
@@ -109,15 +109,20 @@ static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per 
 // q is small); the filter's test allows for that.
 #define SCORE_BOUND(w, q) __fmul_rn(w, __fdividef(q, __fadd_rn(1.0f, q)))
 // f64: exact on the flat path (its sums are exact in any order).
-#define ADD_F64(cell, s) (float)__dadd_rn(atomicAdd(cell, (double)(s)), (double)(s))
+#define ADD_F64(off, s) run = fmaxf(run, (float)__dadd_rn(atomicAdd(&acc[off], (double)(s)), (double)(s)))
 // The filter's bound: s * scale rounded up to an integer, added by the one shared-memory atomic Hopper has natively (a
-// float's is a compare-and-swap loop); the f32 of the sum stored, in units of 1 / scale.
-__device__ __forceinline__ float add_fixed(unsigned* cell, const float s, const float scale)
+// float's is a compare-and-swap loop) to a 16-bit sum, two a word (the scale keeps every sum under 2^16: no carry
+// crosses into the other half). run keeps the largest sum stored in each tile of the span, one a 16-bit half.
+static_assert(FSPAN == 1 || FSPAN == 2, "a filter block's tiles' maxima are the halves of one word");
+__device__ __forceinline__ unsigned add_fixed(unsigned* acc, const int off, const float s, const float scale,
+                                              const unsigned run)
 {
     const unsigned u = __float2uint_ru(__fmul_rn(s, scale));
-    return __uint2float_rn(atomicAdd(cell, u) + u);
+    const int sh = (off & 1) << 4;
+    const unsigned sum = ((atomicAdd(acc + (off >> 1), u << sh) >> sh) & 0xFFFFu) + u;
+    return __vmaxu2(run, sum << ((off / TILE) << 4));
 }
-#define ADD_FIXED(cell, s) add_fixed(cell, s, scale)
+#define ADD_FIXED(off, s) run = add_fixed(acc, off, s, scale, run)
 
 #define UNIT_PARAMS const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs, \
     long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms, \
@@ -128,13 +133,14 @@ __device__ __forceinline__ float add_fixed(unsigned* cell, const float s, const 
 #define UNIT_ARGS ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, maxima, tile_maxima, scores, num_docs, \
     n_groups, n_tiles, tf_bits, block_size, k, theta, running
 
-// Entry e's postings in tile `tile` of its doc block: the index of the first in post (at first), and their count.
+// Entry e's postings in tiles tile, ..., tile + span - 1 of its doc block: the index of the first in post (at first),
+// and their count.
 __device__ __forceinline__ int tile_range(const long long* __restrict__ ent, const long long n_ent,
                                           const int* __restrict__ bounds, const long long e, const int tile,
-                                          long long& first)
+                                          const int span, long long& first)
 {
     const int lo = bounds[e * TPB + tile];
-    const int hi = tile + 1 < TPB ? bounds[e * TPB + tile + 1] : (int)ent[n_ent + e];
+    const int hi = tile + span < TPB ? bounds[e * TPB + tile + span] : (int)ent[n_ent + e];
     first = ent[e] + lo;
     return hi - lo;
 }
@@ -230,7 +236,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
                 count[r] = 0;
                 if (i < ne) {
                     const long long e = e0 + i;
-                    count[r] = tile_range(ent, n_ent, bounds, e, tile, first[r]);
+                    count[r] = tile_range(ent, n_ent, bounds, e, tile, 1, first[r]);
                     t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
                 }
             }
@@ -397,39 +403,40 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_listed(UN
     }
 }
 
-// Which units can hold a doc reaching the row's threshold: the tile's sums as 32-bit fixed point (half the shared
-// memory of the f64 tile, so more blocks a multiprocessor, and native integer atomics), in any order, only to bound
-// its maximum from above; those that may reach it are appended to listed for bm25_listed. The scale is the largest
-// power of two that keeps the sum of the unit's weights under 2^31: a doc's score is below that sum, so no sum of
-// terms rounded up overflows. A unit holds ~15-40 postings at 21M docs (a batch launches ~660,000), so the kernel is
-// bound by each unit's fixed work: one barrier after the ranges (two only for units of over MAX_TERMS entries), and
-// the block's verdict by one barrier reduction instead of a maximum gathered through shared memory.
+// Which units can hold a doc reaching the row's threshold: a block bounds FSPAN adjacent tiles of a pair at once, their
+// sums as 16-bit fixed point (a quarter of the f64 tile's shared memory a doc, so more blocks a multiprocessor, and
+// native integer atomics), added in any order, only to bound each tile's maximum from above; the tiles that may reach
+// it are appended to listed as units for bm25_listed. The scale is the largest power of two that keeps the sum of the
+// unit's weights under 2^15: a doc's score is below that sum, so no sum of up to MAX_TERMS terms rounded up reaches
+// 2^16. A unit holds ~15-40 postings at 21M docs (a batch launches ~660,000), so the kernel is bound by each block's
+// fixed work: hence the span, one barrier after the ranges (two only past MAX_TERMS entries), and the verdicts by
+// barrier reductions instead of maxima gathered through shared memory.
 extern "C" __global__ void __launch_bounds__(THREADS, FILTER_BLOCKS)
 bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs,
             long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
             const float* __restrict__ cache, const int* __restrict__ bounds, long long num_docs, int tf_bits,
             long long block_size, const float* __restrict__ theta, unsigned* __restrict__ listed)
 {
-    __shared__ __align__(16) unsigned acc[TILE];
+    __shared__ __align__(16) unsigned acc[FSPAN * TILE / 2];
     __shared__ long long t_first[MAX_TERMS];  // minus the term's first flat index
     __shared__ float t_w[MAX_TERMS];
     __shared__ int t_end[MAX_TERMS];  // inclusive prefix sum of the counts
     __shared__ float s_w_sum;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const long long unit = blockIdx.x;
-    const long long pair = unit / TPB;
-    const int tile = (int)(unit % TPB);
+    const long long pair = blockIdx.x / (TPB / FSPAN);
+    const int tile = (int)(blockIdx.x % (TPB / FSPAN)) * FSPAN;  // the span's first
     const long long row = pairs[pair], blk = pairs[n_pairs + pair];
     const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
     const long long d0 = blk * block_size + (long long)tile * TILE;
     if (d0 >= num_docs) return;
     const unsigned tf_mask = (1u << tf_bits) - 1u;
     const int toff = tile * TILE;
-#if TILE / 4 >= THREADS  // a count the compiler knows: no loop
+#if FSPAN * TILE / 8 >= THREADS  // a count the compiler knows: no loop
 #pragma unroll
-    for (int j = 0; j < TILE / 4 / THREADS; ++j) reinterpret_cast<uint4*>(acc)[j * THREADS + tid] = make_uint4(0u, 0u, 0u, 0u);
+    for (int j = 0; j < FSPAN * TILE / 8 / THREADS; ++j)
+        reinterpret_cast<uint4*>(acc)[j * THREADS + tid] = make_uint4(0u, 0u, 0u, 0u);
 #else
-    if (tid < TILE / 4) reinterpret_cast<uint4*>(acc)[tid] = make_uint4(0u, 0u, 0u, 0u);
+    if (tid < FSPAN * TILE / 8) reinterpret_cast<uint4*>(acc)[tid] = make_uint4(0u, 0u, 0u, 0u);
 #endif
     const bool one_pass = i1 - i0 <= MAX_TERMS;  // nearly always: the ranges' pass sums the weights too
     if (!one_pass && warp == 0) {  // the unit's weights (the first barrier below publishes their sum)
@@ -439,7 +446,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
         if (lane == 0) s_w_sum = w;
     }
     int work = 0;
-    float run = 0.0f;  // the largest sum this thread stored, in units of 1 / scale
+    unsigned run = 0;  // the largest sum this thread stored in each tile (16 bits each), in units of 1 / scale
     float scale = 0.0f;
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
@@ -454,7 +461,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
                 count[r] = 0;
                 if (i < ne) {
                     const long long e = e0 + i;
-                    count[r] = tile_range(ent, n_ent, bounds, e, tile, first[r]);
+                    count[r] = tile_range(ent, n_ent, bounds, e, tile, FSPAN, first[r]);
                     t_w[i] = __int_as_float((int)ent[2 * n_ent + e]);
                     w = __fadd_rn(w, t_w[i]);
                 }
@@ -480,21 +487,27 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
             }
         }
         __syncthreads();  // the ranges are read, the zeroing is done
-        // s_w_sum < 2^e (positive weights: a normal float): the scale is 2^(31 - e)
+        // s_w_sum < 2^e (positive weights: a normal float): the scale is 2^(15 - e)
         const int e = max(((__float_as_int(s_w_sum) >> 23) & 0xFF) - 126, -64);
-        scale = __int_as_float((127 + 31 - e) << 23);
+        scale = __int_as_float((127 + 15 - e) << 23);
         const int total = t_end[ne - 1];
         work += total;
         FLAT_ADDS(SCORE_BOUND, ADD_FIXED)
     }
     if (work == 0) return;
-    // The integer sums are at least the terms' sum, and their f32 is within 2^-24 of it; the relative margin keeps an
-    // f32 rounding of a score up to the threshold on the listed side. SCORE_BOUND is at most 2^-20 w under each term's
-    // exact score: the weights' sum bounds that with room. The test only grows with run, so the block's maximum passes
-    // it exactly when some thread's run does.
-    const float t_run = __fmul_rn(run, __int_as_float((254 - ((__float_as_int(scale) >> 23) & 0xFF)) << 23));  // / scale
-    const bool pass = __fadd_rn(__fmul_rn(t_run, 1.0f + 0x1p-12f), __fmul_rn(s_w_sum, 0x1p-16f)) >= theta[row];
-    if (__syncthreads_or(pass) && tid == 0) listed[1 + atomicAdd(listed, 1u)] = (unsigned)unit;
+    // The integer sums are at least the terms' sum, and their f32 is exact; the relative margin keeps an f32 rounding
+    // of a score up to the threshold on the listed side. SCORE_BOUND is at most 2^-20 w under each term's exact score:
+    // the weights' sum bounds that with room. The test only grows with run, so a tile's maximum passes it exactly when
+    // some thread's run does.
+    const float unit_scale = __int_as_float((254 - ((__float_as_int(scale) >> 23) & 0xFF)) << 23);  // 1 / scale
+    const float slack = __fmul_rn(s_w_sum, 0x1p-16f), th = theta[row];
+    const long long unit = pair * TPB + tile;
+#pragma unroll
+    for (int h = 0; h < FSPAN; ++h) {
+        const float t_run = __fmul_rn(__uint2float_rn((run >> (16 * h)) & 0xFFFFu), unit_scale);
+        const bool pass = __fadd_rn(__fmul_rn(t_run, 1.0f + 0x1p-12f), slack) >= th;
+        if (__syncthreads_or(pass) && tid == 0) listed[1 + atomicAdd(listed, 1u)] = (unsigned)(unit + h);
+    }
 }
 """
 
@@ -687,9 +700,11 @@ extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const floa
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long g0 = (long long)blockIdx.x * COLLECT_GROUPS, g1 = min(g0 + COLLECT_GROUPS, n_groups);
     float* m = maxima + row * n_groups;
+    const float* tm = tile_maxima + row * n_tiles;
     for (long long base = g0 + 32 * warp; base < g1; base += COLLECT_THREADS) {
         const long long g = base + lane;
-        const float gm = g < g1 ? m[g] : 0.0f;
+        // a tile that wrote no group maxima has none to read (most: a row's tiles under the scorer's threshold)
+        const float gm = g < g1 && tm[g * 32 / TILE] != 0.0f ? m[g] : 0.0f;
         if (gm != 0.0f) m[g] = 0.0f;
         for (unsigned sel = __ballot_sync(FULL, gm >= t); sel; sel &= sel - 1) {
             const long long doc = (base + __ffs(sel) - 1) * 32 + lane;
@@ -706,7 +721,9 @@ extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const floa
         }
     }
     const long long t0 = g0 * 32 / TILE, t1 = min(t0 + COLLECT_GROUPS * 32 / TILE, n_tiles);
-    for (long long i = t0 + threadIdx.x; i < t1; i += COLLECT_THREADS) tile_maxima[row * n_tiles + i] = 0.0f;
+    __syncthreads();  // every warp has read the tiles' maxima
+    for (long long i = t0 + threadIdx.x; i < t1; i += COLLECT_THREADS)
+        if (tile_maxima[row * n_tiles + i] != 0.0f) tile_maxima[row * n_tiles + i] = 0.0f;
 }
 
 // A single query's ranking, after collect: when its n = found[0] candidates are all stored and n <= SORT_MAX, the
@@ -755,15 +772,21 @@ def min_blocks(tile: int) -> int:
     return max(1, min(32, 2048 // threads(tile), (228 << 10) // (8 * tile + (3 << 10))))
 
 
-def filter_blocks(tile: int) -> int:
-    """``min_blocks`` of the filter: 4 bytes a cell."""
-    return max(1, min(32, 2048 // threads(tile), (228 << 10) // (4 * tile + (3 << 10))))
+def filter_span(tpb: int) -> int:
+    """Tiles a ``bm25_filter`` block bounds at once (``tpb`` tiles a doc block)."""
+    return 2 if tpb % 2 == 0 else 1
+
+
+def filter_blocks(tile: int, tpb: int) -> int:
+    """``min_blocks`` of the filter: 2 bytes a doc of its span."""
+    return max(1, min(32, 2048 // threads(tile), (228 << 10) // (2 * filter_span(tpb) * tile + (3 << 10))))
 
 
 def defines(tile: int, tpb: int) -> dict[str, int]:
     """The module's compile-time constants for ``tile``-doc tiles, ``tpb`` of them a doc block."""
     return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
-            "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile), "COLLECT_GROUPS": COLLECT_GROUPS,
+            "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile, tpb),
+            "FSPAN": filter_span(tpb), "COLLECT_GROUPS": COLLECT_GROUPS,
             "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS,
             "SORT_MAX": SORT_MAX, "RANK_THREADS": RANK_THREADS, "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX,
             "RUN_BINS": RUN_BINS, "RUN_SHIFT": RUN_SHIFT, "RUN_BASE": RUN_BASE, "RUN_SCAN": RUN_SCAN,
