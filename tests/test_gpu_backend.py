@@ -461,6 +461,19 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
 
 @pytest.mark.gpu
 @needs_cuda
+def test_cuda_batches_ranked_by_torch_ops(hotpot, monkeypatch):
+    """Batches whose candidates the device ranks with torch ops (past ``HOST_RANK_MAX``), several in the pipeline (each
+    ranked while the next is queued): every batch gets the cpu backend's top-k."""
+    monkeypatch.setattr(gpu_tiles, "HOST_RANK_MAX", 0)
+    reader, cpu, queries = hotpot
+    g = GpuBackend(reader, kernel="triton", max_batch=8)
+    for k in (10, 100):
+        assert_parity(g, cpu, queries[:64], k)  # 8 batches
+    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("term_order", ["auto", "ascending"])
 @pytest.mark.parametrize("ratio", [1, 1000])
 def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_path, term_order, ratio,

@@ -17,10 +17,10 @@ faster; the threshold by radix select), where NVRTC can be loaded; the Triton ke
 for the threshold) are the fallback and the version CI runs under Triton's interpreter. Either writes scores only
 for the groups that can hold one of the tile's k best docs. Where a launch has enough units, the CUDA scorer first
 scores a sample of them (``sample_step``): the k-th largest of a row's sampled tile maxima is reached by k docs.
-Where few tiles can reach that threshold (``FILTER_RATIO``), a 4-byte pass over every unit (half the shared memory, so
-more blocks a multiprocessor) bounds each tile's maximum from above and lists the units that may reach it; only they
-are scored in f64 and read out. Otherwise every unit is scored. Either way a tile whose maximum falls below the
-threshold writes nothing. Every CUDA scoring launch also raises a running threshold from its own finished tiles' maxima
+Where few tiles can reach that threshold (``FILTER_RATIO``), a 2-byte pass over every unit (two tiles a block in half
+the f64 tile's shared memory, so more blocks a multiprocessor) bounds each tile's maximum from above and lists the units
+that may reach it; only they are scored in f64 and read out. Otherwise every unit is scored. Either way a tile whose
+maximum falls below the threshold writes nothing. Every CUDA scoring launch also raises a running threshold from its own finished tiles' maxima
 (``gpu_tiles_cuda.run_scan``): at large k, where no sample pays, later tiles skip their read-out by it.
 
 Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
@@ -82,7 +82,7 @@ MIN_SAMPLE_STEP = 4  # no sample when it would be more than a quarter of the uni
 # 100M, 3-18% with). With the filter, and a single query's launches in one graph, it pays there too: one run, k = 10
 # 5-6% faster with it, k = 1000 (no filter) 4% slower.
 SAMPLE_MIN_UNITS = 16384
-# The 4-byte filter and a scoring of the units it lists, where at most 1 / FILTER_RATIO of the units are expected to
+# The 2-byte filter and a scoring of the units it lists, where at most 1 / FILTER_RATIO of the units are expected to
 # reach the sample's threshold (H200, 21M docs, 64 queries, k = 10: scoring -15%, about 6% listed; where nearly all
 # are, the filter's pass is added work: k = 1000 +50%).
 FILTER_RATIO = 4
@@ -780,7 +780,6 @@ class TileScorer:
         score = found[3:3 + 2 * total:2].to(torch.int32).view(torch.float32)
         r = idx // self.num_docs
         return ranked(rows, k, r, idx - r * self.num_docs, score[order]), rescored
-
 
     def _read_back(self, n: int) -> np.ndarray:
         """The first ``n`` words of the collect kernel's output on the host. On CUDA through a side stream that waits

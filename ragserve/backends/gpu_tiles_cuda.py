@@ -25,9 +25,9 @@ Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles`
 the launch raises from its own tiles' maxima as they finish: ``run_scan``) a tile whose maximum, tracked from the sums
 the adds store, falls below it returns before the read-out, and groups below it are not written: at k > 32, where the
 tile's own cut keeps every matched group, that was most of the read-out. ``bm25_filter`` lists the units that may
-reach the threshold by the same adds as an upper bound (a 2-ulp division and 32-bit fixed-point sums, whose integer
-atomics Hopper has in shared memory while a float's is a compare-and-swap loop; a margin for the rest; 16 blocks a
-multiprocessor instead of 12), and ``bm25_listed`` scores the listed ones exactly.
+reach the threshold by the same adds as an upper bound (a 2-ulp division and 16-bit fixed-point sums, two a word, by
+the integer atomics Hopper has in shared memory while a float's is a compare-and-swap loop; a margin for the rest; two
+tiles a block, 16 blocks a multiprocessor instead of 12), and ``bm25_listed`` scores the listed ones exactly.
 
 ``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search), a
 single query's whole plan with them (``plan_single``: no host planning on its latency path), the k-th largest tile
@@ -145,13 +145,15 @@ __device__ __forceinline__ int tile_range(const long long* __restrict__ ent, con
     return hi - lo;
 }
 
-// The running threshold (``running``: RUN_WORDS a row; null: none). Each scored tile counts its maximum in the row's
+// The running threshold (``running``: RUN_WORDS a row; null: none). Each tile read out counts its maximum in the row's
 // histogram (RUN_BINS bins of RUN_SHIFT-bit steps of the f32 bits from RUN_BASE: 16 a power of two, values outside in
 // the end bins); at the k-th tile counted and every RUN_SCAN-th after, one block finds the highest bin edge that k of
-// the tiles counted so far reach and raises the row's threshold (word RUN_BINS + 1) to it. The k-th largest tile maximum, and so the k-th score, is at
-// least that edge: tiles and groups below it hold no top-k doc, so they are not read out or written, like those under
-// a sample's threshold, but from the launch's own tiles. Counts only grow and every edge reached stays valid, so the
-// scan reads whatever counts have landed (L2, no ordering needed). The collect kernel clears a row's words.
+// the tiles counted so far reach and raises the row's threshold (word RUN_BINS + 1) to it. The k-th largest tile
+// maximum, and so the k-th score, is at least that edge: tiles and groups below it hold no top-k doc, so they are not
+// read out or written, like those under a sample's threshold, but from the launch's own tiles. Tiles below the
+// threshold are not counted: counts of a subset of the tiles keep every edge valid, and counts below the threshold
+// can no longer raise it. Counts only grow and every edge reached stays valid, so the scan reads whatever counts have
+// landed (L2, no ordering needed). The collect kernel clears a row's words.
 __device__ __forceinline__ int run_bin(const float x)
 {
     return min(max((int)(__float_as_uint(x) >> RUN_SHIFT) - RUN_BASE, 0), RUN_BINS - 1);
@@ -300,22 +302,15 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     __syncthreads();
     float t_max = w_max[0];  // the tile's maximum
     for (int w = 1; w < THREADS / 32; ++w) t_max = fmaxf(t_max, w_max[w]);
-    bool scan = false;  // warp 0: this tile's count is one the running threshold is raised at
-    if (st && warp == 0) {
-        unsigned c = 0;
-        if (lane == 0) {
-            atomicAdd(st + run_bin(t_max), 1u);
-            c = atomicAdd(st + RUN_BINS, 1u) + 1;
-        }
-        c = __shfl_sync(0xffffffffu, c, 0);
-        scan = c >= (unsigned)k && (c == (unsigned)k || c % RUN_SCAN == 0);
-    }
     // Below the row's threshold (a sample's k-th largest tile maximum, or the running one: k docs score at least this)
-    // no doc of the tile can be in the top-k: nothing is read out or written, and its maxima stay zero.
+    // no doc of the tile can be in the top-k: nothing is read out or written, and its maxima stay zero. Nor is it
+    // counted for the running threshold: a count below the threshold can no longer raise it.
     const float th = fmaxf(theta[row], s_run);
-    if (t_max < th) {
-        if (scan) run_scan(st, k, lane);
-        return;
+    if (t_max < th) return;
+    unsigned c = 0;  // thread 0: the tiles counted in the row so far, this one too (used last: the read-out hides its wait)
+    if (st && tid == 0) {
+        atomicAdd(st + run_bin(t_max), 1u);
+        c = atomicAdd(st + RUN_BINS, 1u) + 1;
     }
     // Group maxima: each thread takes CPT consecutive cells (its start rotated by tid: no bank conflicts) and
     // compares their f32 scores: rounding is monotone, so that is the f32 of the maximum (an f64 max takes several
@@ -379,7 +374,10 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
             if (m > 0.0f && m >= keep_from && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
         }
     }
-    if (scan) run_scan(st, k, lane);
+    if (st && warp == 0) {  // at the k-th tile counted and every RUN_SCAN-th after, the running threshold is raised
+        c = __shfl_sync(0xffffffffu, c, 0);
+        if (c >= (unsigned)k && (c == (unsigned)k || c % RUN_SCAN == 0)) run_scan(st, k, lane);
+    }
 }
 
 // Every unit_step-th unit (the sample; 1: every unit but every skip_step-th, those of a sample), one a block.
