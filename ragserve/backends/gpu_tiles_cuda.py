@@ -405,10 +405,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_listed(UN
 // sums as 16-bit fixed point (a quarter of the f64 tile's shared memory a doc, so more blocks a multiprocessor, and
 // native integer atomics), added in any order, only to bound each tile's maximum from above; the tiles that may reach
 // it are appended to listed as units for bm25_listed. The scale is the largest power of two that keeps the sum of the
-// unit's weights under 2^15: a doc's score is below that sum, so no sum of up to MAX_TERMS terms rounded up reaches
-// 2^16. A unit holds ~15-40 postings at 21M docs (a batch launches ~660,000), so the kernel is bound by each block's
-// fixed work: hence the span, one barrier after the ranges (two only past MAX_TERMS entries), and the verdicts by
-// barrier reductions instead of maxima gathered through shared memory.
+// unit's weights under 2^15: a doc's score is below that sum, so no sum of fewer than 2^15 terms rounded up reaches
+// 2^16. At 21M docs an MS MARCO unit holds ~110 postings at the median (under one a thread; a batch launches ~660,000),
+// so the kernel is bound by each block's fixed work (ncu: ~1,500 warp instructions a unit before these changes):
+// hence the span, one barrier after the ranges (two only past MAX_TERMS entries), and the verdicts by barrier
+// reductions instead of maxima gathered through shared memory.
 extern "C" __global__ void __launch_bounds__(THREADS, FILTER_BLOCKS)
 bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long* __restrict__ pairs,
             long long n_pairs, const unsigned* __restrict__ post, const unsigned char* __restrict__ norms,
