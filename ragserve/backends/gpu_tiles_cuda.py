@@ -145,6 +145,29 @@ __device__ __forceinline__ int tile_range(const long long* __restrict__ ent, con
     return hi - lo;
 }
 
+// Warp 0's term ranges numbered end to end for the flat adds: lane l holds entries 2 l and 2 l + 1 (first posting,
+// count; ne entries in all); t_first[i] becomes entry i's first posting minus its first flat index, t_end[i] the
+// inclusive prefix sum of the counts.
+__device__ __forceinline__ void number_end_to_end(const long long (&first)[2], const int (&count)[2], const int ne,
+                                                  const int lane, long long* t_first, int* t_end)
+{
+    int incl = count[0] + count[1];
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    int before = incl - count[0] - count[1];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = 2 * lane + r;
+        if (i < ne) {
+            t_first[i] = first[r] - before;
+            before += count[r];
+            t_end[i] = before;
+        }
+    }
+}
+
 // The running threshold (``running``: RUN_WORDS a row; null: none). Each tile read out counts its maximum in the row's
 // histogram (RUN_BINS bins of RUN_SHIFT-bit steps of the f32 bits from RUN_BASE: 16 a power of two, values outside in
 // the end bins); at the k-th tile counted and every RUN_SCAN-th after, one block finds the highest bin edge that k of
@@ -243,21 +266,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
                 }
             }
             if (flat) {
-                int incl = count[0] + count[1];
-                for (int o = 1; o < 32; o <<= 1) {
-                    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                    if (lane >= o) incl += v;
-                }
-                int before = incl - count[0] - count[1];
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int i = 2 * lane + r;
-                    if (i < ne) {
-                        t_first[i] = first[r] - before;
-                        before += count[r];
-                        t_end[i] = before;
-                    }
-                }
+                number_end_to_end(first, count, ne, lane, t_first, t_end);
             } else {
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
@@ -469,21 +478,7 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
                 for (int o = 16; o; o >>= 1) w = __fadd_rn(w, __shfl_xor_sync(0xffffffffu, w, o));
                 if (lane == 0) s_w_sum = w;
             }
-            int incl = count[0] + count[1];
-            for (int o = 1; o < 32; o <<= 1) {
-                const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            int before = incl - count[0] - count[1];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int i = 2 * lane + r;
-                if (i < ne) {
-                    t_first[i] = first[r] - before;
-                    before += count[r];
-                    t_end[i] = before;
-                }
-            }
+            number_end_to_end(first, count, ne, lane, t_first, t_end);
         }
         __syncthreads();  // the ranges are read, the zeroing is done
         // s_w_sum < 2^e (positive weights: a normal float): the scale is 2^(15 - e)
