@@ -20,8 +20,9 @@ scores a sample of them (``sample_step``): the k-th largest of a row's sampled t
 Where few tiles can reach that threshold (``FILTER_RATIO``), a 2-byte pass over every unit (two tiles a block in half
 the f64 tile's shared memory, so more blocks a multiprocessor) bounds each tile's maximum from above and lists the units
 that may reach it; only they are scored in f64 and read out. Otherwise every unit is scored. Either way a tile whose
-maximum falls below the threshold writes nothing. Every CUDA scoring launch also raises a running threshold from its own finished tiles' maxima
-(``gpu_tiles_cuda.run_scan``): at large k, where no sample pays, later tiles skip their read-out by it.
+maximum falls below the threshold writes nothing. Every CUDA scoring launch also raises a running threshold from its
+own finished tiles' maxima (``gpu_tiles_cuda.run_scan``): at large k, where no sample pays, later tiles skip their
+read-out by it.
 
 Where each term's postings for a tile begin is found first, for all (entry, tile) pairs at once, by a
 vectorised binary search (``_bounds_kernel``); the scoring kernel then walks contiguous posting ranges.
@@ -685,8 +686,8 @@ class TileScorer:
         if not filtered:
             kn.scorer(n_units, threads, *unit_args, theta, running, 1, step, stream=self._stream)
             return
-        kn.filter(n_units // TC.filter_span(self.tpb), threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds, self.num_docs,
-                  self.tf_bits, self.block_size, theta, listed, stream=self._stream)
+        kn.filter(n_units // TC.filter_span(self.tpb), threads, ent, n_ent, pairs, n_pairs, post, norms, cache, bounds,
+                  self.num_docs, self.tf_bits, self.block_size, theta, listed, stream=self._stream)
         kn.listed(kn.listed_grid, threads, *unit_args, theta, running, listed, stream=self._stream)
 
     def _collect(self, rows: int, k: int, capacity: int) -> torch.Tensor:

@@ -316,7 +316,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     // counted for the running threshold: a count below the threshold can no longer raise it.
     const float th = fmaxf(theta[row], s_run);
     if (t_max < th) return;
-    unsigned c = 0;  // thread 0: the tiles counted in the row so far, this one too (used last: the read-out hides its wait)
+    unsigned c = 0;  // thread 0: the row's tiles counted so far, this one too (used last: the read-out hides the wait)
     if (st && tid == 0) {
         atomicAdd(st + run_bin(t_max), 1u);
         c = atomicAdd(st + RUN_BINS, 1u) + 1;
