@@ -299,8 +299,8 @@ def test_tile_plan_orders_entries_canonically(hotpot):
                          int(pbase[i] + planner.blk_start[g]), int(planner.blk_start[g + 1] - planner.blk_start[g]),
                          int(items.w[i:i + 1].view(np.int32)[0])))
     want.sort()
-    flat = np.arange(60) % 3 == 1
-    plan = plan_tiles(planner, items, pbase, -(-reader.num_docs // reader.block_size), flat)
+    shifts = np.where(np.arange(60) % 3 == 1, 40 + np.arange(60) % 5, 0)
+    plan = plan_tiles(planner, items, pbase, -(-reader.num_docs // reader.block_size), shifts)
     t, n = plan.table, plan.n_ent
     assert n == len(want) > 0 and plan.pairs_at % 2 == 0
     assert t[:n].tolist() == [w[3] for w in want] and t[n:2 * n].tolist() == [w[4] for w in want]
@@ -309,13 +309,13 @@ def test_tile_plan_orders_entries_canonically(hotpot):
     starts = [j for j in range(n) if j == 0 or want[j][:2] != want[j - 1][:2]]
     assert pairs[2].tolist() == starts and pairs[3].tolist() == starts[1:] + [n]
     assert [tuple(x) for x in pairs[:2].T.tolist()] == [want[j][:2] for j in starts]
-    assert pairs[4].tolist() == [int(flat[want[j][0]]) for j in starts]
+    assert pairs[4].tolist() == [int(shifts[want[j][0]]) for j in starts]
 
 
 @pytest.mark.parametrize("auto", [True, False])
 def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
-    """The one-call plan of resident shards (``plan_queries``) is ``plan_tiles`` of the batch's items, with the flat
-    flags of ``sum_is_exact`` (none under ``term_order='ascending'``)."""
+    """The one-call plan of resident shards (``plan_queries``) is ``plan_tiles`` of the batch's items, with the shifts
+    of ``flat_shift`` (none under ``term_order='ascending'``)."""
     from ragserve.backends.gpu_tiles import plan_queries, plan_tiles
 
     reader, _, queries = hotpot
@@ -325,12 +325,47 @@ def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
     n_blocks = -(-reader.num_docs // reader.block_size)
     min_q = float(bm25.norm_cache(0.9, 0.4, reader.avgdl)[int(np.asarray(reader.norms).max())]) / 4
     items = planner.items(qs)
-    want = plan_tiles(planner, items, pbase[items.shard], n_blocks, g._exact(qs, min_q))
+    want = plan_tiles(planner, items, pbase[items.shard], n_blocks, g._shifts(qs, min_q))
     got = plan_queries(planner, qs, pbase, n_blocks, auto, min_q)
     assert (got.n_ent, got.n_pairs, got.pairs_at, got.max_count) == (want.n_ent, want.n_pairs, want.pairs_at,
                                                                      want.max_count)
     assert np.array_equal(got.table, want.table)
     assert got.table[got.pairs_at + 4 * got.n_pairs:].any() == auto
+
+
+def test_flat_shift_sums_are_exact(hotpot):
+    """The CUDA flat path's 64-bit fixed point (``flat_shift``): every term score a query can give a doc (any tf, any
+    norm the index holds), times 2^S, is an integer, n * max(w) * 2^S < 2^63, and the integer sums of random docs,
+    rounded to f32 and scaled back, are the f32 of their f64 sums (the cpu backend's scores); queries whose f64 sums
+    are not provably exact get 0."""
+    from ragserve.backends.gpu_tiles import flat_shift
+
+    reader, _, queries = hotpot
+    norms = np.unique(np.asarray(reader.norms))
+    cache = bm25.norm_cache(0.9, 0.4, reader.avgdl)
+    min_q = float(cache[int(norms.max())]) / 4
+    tf = np.arange(1, 1 << reader.tf_bits, dtype=np.float32)
+    q = (tf[:, None] * cache[norms][None, :]).ravel()  # every tf * cache[norm]
+    rng = np.random.default_rng(7)
+    qs = [x.weights.astype(np.float32) for x in queries if len(x)] + [np.float32([3.5]), np.float32([1e-3, 20.0])]
+    shifts = [flat_shift(w, min_q) for w in qs]
+    assert np.mean([sh > 0 for sh in shifts]) > 0.9
+    for w, sh in zip(qs, shifts):
+        assert (sh > 0) == (bm25.sum_is_exact(w, min_q) and 1 <= sh <= 126), (w, sh)
+        assert flat_shift(w, 0.0) == 0
+        if sh == 0:
+            continue
+        assert len(w) * float(w.max()) * 2.0 ** sh < 2.0 ** 63
+        s = w[:, None] - w[:, None] / (np.float32(1) + q[None, :])  # f32, each operation rounded: FORMAT.md's
+        scaled = s.astype(np.float64) * 2.0 ** sh
+        assert (scaled == np.floor(scaled)).all()
+        pick = s[np.arange(len(w)), rng.integers(0, s.shape[1], (500, len(w)))]
+        docs = np.where(rng.random((500, len(w))) < 0.6, pick, np.float32(0))
+        ints = (docs.astype(np.float64) * 2.0 ** sh).astype(np.uint64).sum(axis=1)
+        got = ints.astype(np.float32) * np.float32(2.0 ** -sh)
+        want = docs.astype(np.float64).sum(axis=1).astype(np.float32)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert flat_shift(np.float32([1e-30, 1e30]), min_q) == 0  # its f64 sums are not exact
 
 
 @pytest.mark.gpu
@@ -361,6 +396,41 @@ def test_cuda_kth_largest_kernel():
             assert torch.equal(thr, want), (n, k)
             assert count.tolist() == [0, 0, 1, 1]
             count.fill_(1)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_tile_bounds_kernel():
+    """``tile_start`` (through ``tile_bounds``): where each tile's docs begin in an entry's postings is numpy's
+    searchsorted, for entries whose docs spread evenly (its guess's bracket holds), cluster in a few tiles, sit at one
+    end or both, come in runs, or number 0, 1 or a few."""
+    from ragserve.backends import gpu_tiles_cuda as TC
+
+    dev = torch.device("cuda")
+    tile, tpb, tf_bits = 2048, 128, 8
+    block = tile * tpb
+    kn = TC.TileKernels(tile, tpb, dev)
+    rng = np.random.default_rng(5)
+    entries = [np.zeros(0, np.int64), np.array([0]), np.array([block - 1]), np.arange(33) * 7919 % block]
+    entries += [rng.choice(block, n, replace=False) for n in (40, 700, 5000, 60_000, 200_000)]
+    entries += [np.arange(3000) + 5 * tile, np.arange(block - 70_000, block), np.arange(40_000),
+                np.concatenate([np.arange(9000), np.arange(block - 9000, block)]),
+                (np.arange(20_000) // 500 * 6000 + np.arange(20_000) % 500) % block,  # runs of 500 docs
+                np.repeat(rng.choice(tpb, 6, replace=False) * tile, 1) + rng.integers(0, tile, 6)]
+    entries = [np.unique(d).astype(np.int64) for d in entries]
+    counts = np.array([d.size for d in entries], np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) + 5  # not at the arena's start
+    post = np.zeros(5 + counts.sum(), np.uint32)
+    for a, d in zip(starts, entries):
+        post[a:a + d.size] = (d.astype(np.uint32) << np.uint32(tf_bits)) | (1 + d.astype(np.uint32) % 200)
+    n_ent = len(entries)
+    ent = torch.from_numpy(np.concatenate([starts, counts])).to(dev)
+    post_dev = torch.from_numpy(post.view(np.int32)).to(dev)
+    bounds = torch.full((n_ent * tpb,), -1, dtype=torch.int32, device=dev)
+    kn.bounds(-(-n_ent * tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post_dev, bounds, tf_bits)
+    got = bounds.cpu().numpy().reshape(n_ent, tpb)
+    for e, d in enumerate(entries):
+        assert got[e].tolist() == np.searchsorted(d, np.arange(tpb) * tile).tolist(), e
 
 
 @pytest.mark.gpu
@@ -522,8 +592,7 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
     monkeypatch.setattr(TC, "RUN_SCAN", 4)  # compiled in: set before the kernels are built
     g = GpuBackend(reader, kernel="triton", max_batch=32)
     tiles = g._tiles
-    cache_np, cache = g._cache(0.9, 0.4)
-    min_q = g._min_q(cache_np)
+    _, cache, min_q = g._cache(0.9, 0.4)
     for k in (1, 10, 30):
         maxima = {}
         for running in (False, True):
@@ -561,8 +630,8 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
     monkeypatch.setattr(gpu_tiles, "RUNNING_THRESHOLD", False)  # nor a running one: every tile's maximum written
     g = GpuBackend(reader, kernel="triton", max_batch=32)
     tiles, kn = g._tiles, g._tiles._kernels
-    cache_np, cache = g._cache(0.9, 0.4)
-    rows, plan, _, _ = g._plan_chunk(queries, g._min_q(cache_np))
+    _, cache, min_q = g._cache(0.9, 0.4)
+    rows, plan, _, _ = g._plan_chunk(queries, min_q)
     tiles.begin(rows)
     tiles.score(plan, g._post, g._norms, cache, 1)
     exact = tiles.tile_maxima[:rows].clone()  # row, global tile: the f32 of each tile's f64 maximum
@@ -614,7 +683,7 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
             assert tiles.plans_on_device(q)
             want = plan_queries(planner, [q], g._pbase, n_blocks, False, 0.0)
             tiles.begin(1)
-            tiles._set_query(q, True)
+            tiles._set_query(q, 37)
             tiles._queue_plan(g._post.data_ptr())
             torch.cuda.synchronize()
             nt, stride = len(q), tiles.stride
@@ -623,7 +692,7 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
             bounds = tiles._qbounds[:n_ent * tiles.tpb].cpu().numpy().reshape(n_ent, tiles.tpb)
             assert stride == n_blocks * TC.QMAX
             pairs = got[3 * stride:].reshape(5, n_blocks)
-            assert (pairs[0] == 0).all() and pairs[1].tolist() == list(range(n_blocks)) and (pairs[4] == 1).all()
+            assert (pairs[0] == 0).all() and pairs[1].tolist() == list(range(n_blocks)) and (pairs[4] == 37).all()
             assert pairs[2].tolist() == [b * nt for b in range(n_blocks)] and (pairs[3] - pairs[2] == nt).all()
             ent = got[:3 * stride].reshape(3, stride)[:, :n_ent].reshape(3, n_blocks, nt)  # start, count, weight bits
             assert (ent[2] == q.weights.view(np.int32)[None, :]).all()

@@ -23,12 +23,14 @@ class RtcError(RuntimeError):
     pass
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream(device: torch.device) -> int:
     """The ``cuda_stream`` handle of ``device``'s current stream. Through torch's raw accessor where it has one (as
     Triton does): building a ``torch.cuda.Stream`` object costs microseconds, and a single query waits on them."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index if device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -151,6 +153,7 @@ class StreamCopies:
         self._cuda.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         self._cuda.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
         self._cuda.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self._cuda.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
         self._cuda.cuEventSynchronize.argtypes = [ctypes.c_void_p]
         self._cuda.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
         self._cuda.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -179,6 +182,12 @@ class StreamCopies:
 
     def record(self, event: ctypes.c_void_p, stream: int) -> None:
         _check_driver(self._cuda, self._cuda.cuEventRecord(event, stream), "cuEventRecord")
+
+    def record_in_graph(self, event: ctypes.c_void_p, stream: int) -> None:
+        """Inside a ``capture`` of ``stream``: the graph records ``event`` when the work queued before is done (an
+        event record node), each time it is launched."""
+        rc = self._cuda.cuEventRecordWithFlags(event, stream, 1)  # CU_EVENT_RECORD_EXTERNAL
+        _check_driver(self._cuda, rc, "cuEventRecordWithFlags")
 
     def wait_event(self, event: ctypes.c_void_p) -> None:
         """Until the work before the event's last record is done (at once if it was never recorded)."""

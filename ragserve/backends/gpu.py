@@ -7,7 +7,7 @@ shard, concatenated into one arena, and ``norms.u8``). The host turns a batch of
   (``gpu_tiles_cuda``: a shared-memory CUDA C kernel compiled by NVRTC; Triton's tile kernel where NVRTC is
   missing, and under Triton's interpreter in CI) and keeps only group maxima and the scores that can reach the
   top-k; the CUDA C kernel adds the terms of a query whose f64 sum is exact in any order (``bm25.sum_is_exact``)
-  all at once with shared-memory atomics;
+  all at once with shared-memory atomics, as 64-bit fixed-point sums (``gpu_tiles.flat_shift``);
 - ``torch`` (any device, the reference): a dense f64 accumulator of shape [queries, num_docs]; a query whose
   f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go one
   launch each in ascending term id, so every cell sums in the canonical order.
@@ -154,9 +154,14 @@ class GpuBackend(Backend):
     def _on_device(self):
         """The backend's device made current for a search (its kernels launch in the current context). Nothing to do
         where it already is: ``torch.cuda.device`` costs a single query ~2.5 us (H200 host)."""
-        if not self._cuda or torch.cuda.current_device() == self.device.index:
+        if self._is_current():
             return contextlib.nullcontext()
         return torch.cuda.device(self.device)
+
+    def _is_current(self) -> bool:
+        """Is the backend's device the current one (or not a CUDA device)? torch's raw query: ``current_device()``
+        costs a single query ~1 us more, and CUDA is initialised since the index was loaded."""
+        return not self._cuda or torch._C._cuda_getDevice() == self.device.index
 
     def _load(self, norms: np.ndarray) -> None:
         plan, shards, dev = self.plan, self.index.shards, self.device
@@ -215,14 +220,15 @@ class GpuBackend(Backend):
                 "batch_rows": p.rows, "accumulator_bytes": p.rows * p.row_bytes, "total_bytes": p.total_bytes}
 
     # -- search -------------------------------------------------------------------------------
-    def _cache(self, k1: float, b: float) -> tuple[np.ndarray, torch.Tensor]:
+    def _cache(self, k1: float, b: float) -> tuple[np.ndarray, torch.Tensor, float]:
+        """The norm cache of (k1, b) on the host and the device, and its ``_min_q``."""
         got = self._caches.get((k1, b))  # as given first: the f32 rounding costs a single query ~1 us
         if got is not None:
             return got
         key = (float(np.float32(k1)), float(np.float32(b)))
         if key not in self._caches:
             c = bm25.norm_cache(k1, b, self.index.avgdl)
-            self._caches[key] = (c, torch.from_numpy(c).to(self.device))
+            self._caches[key] = (c, torch.from_numpy(c).to(self.device), self._min_q(c))
         self._caches[(k1, b)] = self._caches[key]
         return self._caches[key]
 
@@ -246,8 +252,7 @@ class GpuBackend(Backend):
         results: list[TopK] = [empty] * len(queries)
         chunks = [todo[c:c + self.plan.rows] for c in range(0, len(todo), self.plan.rows)]
         with self._on_device():
-            cache_np, cache = self._cache(k1, b)
-            min_q = self._min_q(cache_np)
+            _, cache, min_q = self._cache(k1, b)
             batches = [[queries[i] for i in idx] for idx in chunks]
             run = self._search_tiled if self._tiles is not None else self._search_dense
             for idx, tops in zip(chunks, run(batches, k, cache, min_q, times)):
@@ -258,13 +263,15 @@ class GpuBackend(Backend):
     def _search_one(self, query: QueryTerms, k: int, k1: float, b: float) -> TopK:
         """A query the device plans, as one graph launch (``TileScorer.start_query``) with none of a batch's bookkeeping:
         a single query's latency is mostly host work (H200 host: ~10 us of it went to the batch path's)."""
-        with self._on_device():
-            cache_np, cache = self._cache(k1, b)
-            flat = self._flat(query, self._min_q(cache_np))
-            tiles = self._tiles
-            tiles.begin(1)
-            tiles.start_query(query, flat, self._post, self._norms, cache, k)
-            return tiles.finish_topk(lambda: self._launch_chunk((1, query, None, flat), cache, k))[0][0]
+        if not self._is_current():
+            with torch.cuda.device(self.device):
+                return self._search_one(query, k, k1, b)
+        _, cache, min_q = self._cache(k1, b)
+        shift = self._shift(query, min_q)
+        tiles = self._tiles
+        tiles.begin(1)
+        tiles.start_query(query, shift, self._post, self._norms, cache, k)
+        return tiles.finish_topk(lambda: self._launch_chunk((1, query, None, shift), cache, k))[0][0]
 
     def _search_dense(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
                       times: KernelTimes | None) -> list[list[TopK]]:
@@ -360,39 +367,44 @@ class GpuBackend(Backend):
         return acc
 
     def _plan_chunk(self, queries: list[QueryTerms], min_q: float) -> tuple:
-        """Host work of a batch on the tiled path, (rows, plan, streamed items, flat flags): the resident shards' plan,
-        with which queries' terms the CUDA kernel may add at once (``_exact``), and the streamed shards' items
-        (planned when staged) and flags. A single query the device plans is its own plan, with its flag."""
+        """Host work of a batch on the tiled path, (rows, plan, streamed items, shifts): the resident shards' plan,
+        with the queries' shifts of the CUDA kernel's flat path (``_shifts``), and the streamed shards' items (planned
+        when staged) and shifts. A single query the device plans is its own plan, with its shift."""
         if len(queries) == 1 and self._tiles.plans_on_device(queries[0]):  # planned by the scoring launch
-            return 1, queries[0], None, self._flat(queries[0], min_q)
+            return 1, queries[0], None, self._shift(queries[0], min_q)
         if not self.plan.streamed:  # one compiled call from the queries to the plan
             plan = T.plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
             return len(queries), plan, None, np.zeros(0, bool)
         items = self._planner.items(queries)
-        flat = self._exact(queries, min_q)
+        shifts = self._shifts(queries, min_q)
         streamed = np.isin(items.shard, self.plan.streamed)
         resident = items.take(~streamed)
         return len(queries), T.plan_tiles(self._planner, resident, self._pbase[resident.shard],
-                                          self._n_blocks, flat), items.take(streamed), flat
+                                          self._n_blocks, shifts), items.take(streamed), shifts
 
     def _launch_chunk(self, chunk: tuple, cache: torch.Tensor, k: int) -> None:
-        rows, plan, streamed, flat = chunk
+        rows, plan, streamed, shifts = chunk
         tiles = self._tiles
         tiles.begin(rows)
         if isinstance(plan, QueryTerms):
-            tiles.score_query(plan, flat, self._post, self._norms, cache, k)
+            tiles.score_query(plan, shifts, self._post, self._norms, cache, k)
             return
         tiles.score(plan, self._post, self._norms, cache, k)
         for s in self.plan.streamed:
             part = streamed.take(streamed.shard == s)
             if len(part):
                 pbase, _ = self._stage(s, part)
-                tiles.score(T.plan_tiles(self._planner, part, pbase, self._n_blocks, flat), self._post,
+                tiles.score(T.plan_tiles(self._planner, part, pbase, self._n_blocks, shifts), self._post,
                             self._norms, cache, k)
 
-    def _flat(self, query: QueryTerms, min_q: float) -> bool:
-        """``_exact`` of one query, by the compiled ``sum_is_exact`` (a single query waits on it)."""
-        return self.term_order == "auto" and bool(T.sum_is_exact(query.weights, min_q))
+    def _shift(self, query: QueryTerms, min_q: float) -> int:
+        """The CUDA kernel's flat path for one query: its ``flat_shift`` (0: its terms one after the other; always with
+        ``term_order='ascending'``)."""
+        return T.flat_shift(query.weights, min_q) if self.term_order == "auto" else 0
+
+    def _shifts(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
+        """``_shift`` of each query."""
+        return np.array([self._shift(q, min_q) for q in queries], dtype=np.int64)
 
     def _exact(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
         """Per query: may its f64 sums be formed in any order (``bm25.sum_is_exact``; never with

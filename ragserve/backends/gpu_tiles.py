@@ -38,6 +38,7 @@ dozen times, and the device no longer waits between kernels for the host to laun
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -101,7 +102,7 @@ def tile_size(block_size: int) -> int:
 class TilePlan:
     """One launch's work, on the host: entries sorted by (row, block, term id), grouped into (row, block) pairs."""
 
-    table: np.ndarray  # int64: start, count, weight bits (n_ent each), [pad], row, blk, i0, i1, flat (n_pairs each)
+    table: np.ndarray  # int64: start, count, weight bits (n_ent each), [pad], row, blk, i0, i1, shift (n_pairs each)
     n_ent: int
     n_pairs: int
     pairs_at: int  # index of the pair columns in ``table`` (16-byte aligned)
@@ -120,7 +121,7 @@ class TilePlan:
 
 
 @njit(cache=True, nogil=True)
-def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, n_blocks, row_flat):
+def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, n_blocks, row_shift):
     """Counting sort of the items' block entries by (row, block). Within a bucket they keep the items' order,
     which is ascending term id: a block lies in one shard, and a shard's items of a row come in term order."""
     counts = np.zeros(n_rows * n_blocks + 1, np.int64)
@@ -157,46 +158,67 @@ def _plan(e0, ne, shard, row, wbits, pbase, offsets, blk_start, blk_id, n_rows, 
             table[at + n_pairs + p] = b % n_blocks
             table[at + 2 * n_pairs + p] = counts[b]
             table[at + 3 * n_pairs + p] = counts[b + 1]
-            table[at + 4 * n_pairs + p] = row_flat[b // n_blocks]
+            table[at + 4 * n_pairs + p] = row_shift[b // n_blocks]
             p += 1
     return table, total, n_pairs, at, max_count
 
 
 def plan_tiles(planner: ItemPlanner, items: Items, pbase: np.ndarray, n_blocks: int,
-               flat: np.ndarray | None = None) -> TilePlan:
+               shifts: np.ndarray | None = None) -> TilePlan:
     """Expand work items (query, term, shard; in ``ItemPlanner.items`` order) into their block entries and
     order them for the tile kernel. ``pbase`` is each item's arena offset of its shard's posting 0 (resident or
-    staged); ``n_blocks`` the index's number of doc blocks; ``flat`` per row: may the CUDA kernel add its terms
-    at once (its f64 sums are exact in any order, ``bm25.sum_is_exact``; default no)."""
+    staged); ``n_blocks`` the index's number of doc blocks; ``shifts`` per row: the CUDA kernel's ``flat_shift``
+    (0: its terms are added one after the other; default)."""
     n_rows = int(items.row.max()) + 1 if len(items) else 0
     wbits = items.w.astype(np.float32).view(np.int32).astype(np.int64)
-    row_flat = np.zeros(n_rows, np.int64)
-    if flat is not None:
-        row_flat[:] = flat[:n_rows]
+    row_shift = np.zeros(n_rows, np.int64)
+    if shifts is not None:
+        row_shift[:] = shifts[:n_rows]
     return TilePlan.of(_plan(items.e0, items.ne, items.shard, items.row, wbits, pbase.astype(np.int64),
-                             planner.offsets, planner.blk_start, planner.blk_id, n_rows, n_blocks, row_flat))
+                             planner.offsets, planner.blk_start, planner.blk_id, n_rows, n_blocks, row_shift))
 
 
-sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)  # compiled: a single query waits on its call
+sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)
+
+
+@njit(cache=True, nogil=True)
+def flat_shift(weights: np.ndarray, min_q: float) -> int:
+    """The CUDA scorer's flat path for a query (compiled: a single query waits on it): 0 where its f64 sums are not
+    exact in any order (``bm25.sum_is_exact``, with ``min_q`` its bound of q); else the shift S of the 64-bit
+    fixed-point sums it adds them as: the largest with n * max(w) * 2^S < 2^63. Every term score s lies in
+    [min_s, max(w)], so s * 2^S is an integer where 2^S is at least 1 / ulp(min_s) (``sum_is_exact`` leaves 2^10 of
+    room above that with n > 1, checked here for one term), and no sum reaches 2^63: the integer sums are exact, and
+    their f32 rounding, scaled back, is the f64 sum's."""
+    n = weights.size
+    if n == 0 or min_q <= 0.0 or not sum_is_exact(weights, min_q):
+        return 0
+    w = weights.astype(np.float64)
+    min_s = w.min() * min_q / (1.0 + min_q) * (1 - 1e-6)
+    if min_s <= 0.0:
+        return 0
+    shift = 63 - math.frexp(n * w.max())[1]  # n * max(w) < 2^(63 - shift)
+    if shift < 1 or shift > 126 or shift + math.frexp(min_s)[1] - 24 < 0:  # 2^-shift normal; min_s's ulp >= 2^-shift
+        return 0
+    return shift
 
 
 @njit(cache=True, nogil=True)
 def _plan_queries(terms, weights, lens, auto, min_q, term_ptr, offsets, blk_start, blk_id, pbase_shard,
                   n_blocks):
     """``ItemPlanner.items`` (per row, term and shard instead of per shard: the same order within a (row, block)
-    bucket), the rows' ``sum_is_exact`` flags, then ``_plan``."""
+    bucket), the rows' ``flat_shift``, then ``_plan``."""
     n_rows = lens.size
     n_shards = term_ptr.shape[1]
     cap = terms.size * n_shards
     e0, ne, shard = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
     row, wb, pbase = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
-    flat = np.zeros(n_rows, np.int64)
+    shift = np.zeros(n_rows, np.int64)
     wbits = weights.view(np.int32)
     m = 0
     at = 0
     for r in range(n_rows):
-        if auto and sum_is_exact(weights[at:at + lens[r]], min_q):
-            flat[r] = 1
+        if auto:
+            shift[r] = flat_shift(weights[at:at + lens[r]], min_q)
         for j in range(at, at + lens[r]):
             t = terms[j]
             for sh in range(n_shards):
@@ -206,14 +228,14 @@ def _plan_queries(terms, weights, lens, auto, min_q, term_ptr, offsets, blk_star
                     m += 1
         at += lens[r]
     return _plan(e0[:m], ne[:m], shard[:m], row[:m], wb[:m], pbase[:m], offsets, blk_start, blk_id, n_rows, n_blocks,
-                 flat)
+                 shift)
 
 
 def plan_queries(planner: ItemPlanner, queries: list[QueryTerms], pbase: np.ndarray, n_blocks: int,
                  auto: bool, min_q: float) -> TilePlan:
     """``plan_tiles`` of a batch's items over all shards, straight from the analysed queries in one compiled call
     (the single-query latency is mostly host work). ``pbase`` is each shard's arena offset of its posting 0;
-    a row is flagged flat when ``auto`` and ``bm25.sum_is_exact(weights, min_q)``."""
+    a row takes the flat path when ``auto``, by its ``flat_shift(weights, min_q)``."""
     if len(queries) == 1:  # no concatenation (a single query waits on every microsecond here)
         terms, weights = queries[0].term_ids.astype(np.int64), queries[0].weights.astype(np.float32, copy=False)
     else:
@@ -453,7 +475,7 @@ class TileScorer:
         cuda = device.type == "cuda"
         self._head = torch.empty(2 + 2 * PEEK, dtype=torch.int64, pin_memory=cuda)
         self._head_np = self._head.numpy()
-        self._head_u32 = self._head_np.view(np.uint32)
+        self._head_f32 = self._head_np.view(np.float32)  # the device ranking's scores
         self._table_host: torch.Tensor | None = None  # pinned staging of the plan tables
         self._table_dev: torch.Tensor | None = None
         self._copies = StreamCopies() if cuda else None
@@ -470,8 +492,8 @@ class TileScorer:
         self._started: tuple[int, int, int, int, bool] | None = None
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
         self._query_tables: QueryTables | None = None  # set where single queries are planned on the device
-        # (k, norm cache tensor) -> graph, and the found and listed buffers it writes
-        self._graphs: dict[tuple[int, torch.Tensor], tuple[int, torch.Tensor, torch.Tensor]] = {}
+        # (k, id of the norm cache tensor) -> graph, the found and listed buffers it writes, the cache, and _started
+        self._graphs: dict[tuple[int, int], tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, tuple]] = {}
         self._kernels = None
         if SCORER == "cuda" and device.type == "cuda" and self.group == 32:
             try:
@@ -595,50 +617,53 @@ class TileScorer:
         # plan_single's Query: written here by the host, copied to the device by query_in
         self._qhost = torch.zeros(TC.QUERY_WORDS, dtype=torch.int32, pin_memory=True)
         self._query, self._qhost_dev = self._qhost.numpy(), self._copies.device_address(self._qhost.data_ptr())
+        self._query_f32 = self._query.view(np.float32)  # the weights' words
         self._qdev = torch.empty(TC.QUERY_WORDS, dtype=torch.int32, device=self.device)
         self._capture = self._copies.stream()  # graphs are captured on a stream of our own
 
-    def score_query(self, query: QueryTerms, flat: bool, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
+    def score_query(self, query: QueryTerms, shift: int, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
                     k: int) -> None:
         """``score`` of one query (``plans_on_device``) planned on the device (``_queue_plan``): no host planning or
-        upload of a plan on the query's latency path; ``flat``: may its terms be added at once
-        (``bm25.sum_is_exact``)."""
-        self._set_query(query, flat)
+        upload of a plan on the query's latency path; ``shift``: its ``flat_shift`` (0: its terms one after the
+        other)."""
+        self._set_query(query, shift)
         self._queue_query(post.data_ptr(), norms, cache, k)
 
-    def start_query(self, query: QueryTerms, flat: bool, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
+    def start_query(self, query: QueryTerms, shift: int, post: torch.Tensor, norms: torch.Tensor, cache: torch.Tensor,
                     k: int) -> None:
         """``score_query`` and ``start_topk(1, k)`` (after ``begin(1)``) as one launch of a CUDA graph, captured once
         for each k and BM25 parameters: a single query's dozen launches cost the host tens of microseconds, and the
         device waited on them. ``finish_topk`` as usual."""
-        capacity = self._capacity(1, k)
-        got = self._graphs.get((k, cache))
-        if got is None or got[1] is not self._found or got[2] is not self._listed:  # new, or its buffers moved
-            if got is not None:
+        key = (k, id(cache))  # the cache tensor is kept in the entry (a tensor's own hash costs ~0.4 us)
+        got = self._graphs.get(key)
+        if got is None or got[1] is not self._found or got[2] is not self._listed or got[3] is not cache:
+            if got is not None:  # its buffers moved (or another cache took the id)
                 self._copies.drop_graph(got[0])
             elif len(self._graphs) >= MAX_GRAPHS:
                 self._copies.drop_graph(self._graphs.pop(next(iter(self._graphs)))[0])
+            capacity = self._capacity(1, k)
             self._found_room(capacity)  # allocated before the capture, which fixes their addresses
             self._listed_room(self.n_blocks * self.tpb)
             stream, self._stream = self._stream, self._capture
-            try:
+            try:  # the graph records _head_back itself when it is done (one driver call less a query)
                 graph = self._copies.capture(self._capture, lambda: (
-                    self._queue_query(post.data_ptr(), norms, cache, k), self._queue_selection(1, k, capacity)))
+                    self._queue_query(post.data_ptr(), norms, cache, k), self._queue_selection(1, k, capacity),
+                    self._copies.record_in_graph(self._head_back, self._capture)))
             finally:
                 self._stream = stream
-            got = self._graphs[(k, cache)] = (graph, self._found, self._listed)
-        self._set_query(query, flat)
+            got = self._graphs[key] = (graph, self._found, self._listed, cache,
+                                       (1, k, capacity, self._peek(1, k, capacity), True))
+        self._set_query(query, shift)
         self._copies.launch_graph(got[0], self._stream)
-        self._copies.record(self._head_back, self._stream)
         self._dirty = 0  # its collect cleared the maxima
-        self._started = (1, k, capacity, self._peek(1, k, capacity), True)
+        self._started = got[4]
 
-    def _set_query(self, query: QueryTerms, flat: bool) -> None:
+    def _set_query(self, query: QueryTerms, shift: int) -> None:
         """The query in the pinned buffer ``query_in`` reads (the previous query's graph or launches are done)."""
         q, nt = self._query, len(query)
-        q[0], q[1] = nt, flat
+        q[0], q[1] = nt, shift
         q[2:2 + nt] = query.term_ids
-        q[2 + TC.QMAX:2 + TC.QMAX + nt] = query.weights.view(np.int32)
+        self._query_f32[2 + TC.QMAX:2 + TC.QMAX + nt] = query.weights
 
     def _queue_plan(self, post: int) -> None:
         """Queue ``query_in`` and ``plan_single`` of the query set last: its dense plan (every doc block a pair, every
@@ -772,7 +797,7 @@ class TileScorer:
         n = min(k, total)
         room = _rank_room(peek)
         if on_device and total <= TC.SORT_MAX and n <= room:  # ranked on the device: the first n docs and scores
-            scores = self._head_u32[2 * (2 + room):2 * (2 + room) + n].view(np.float32)
+            scores = self._head_f32[2 * (2 + room):2 * (2 + room) + n]
             return [TopK(head[2:2 + n].copy(), scores.copy())], rescored
         if total <= HOST_RANK_MAX:  # ranked on the host
             pairs = head if total <= peek and not on_device else self._read_back(2 + 2 * total)

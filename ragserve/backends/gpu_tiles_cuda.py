@@ -9,10 +9,11 @@ by all threads at once (its docs are distinct, so no two threads touch one cell)
 the terms (ascending term id: the canonical sum of ``indexer/FORMAT.md``). Arithmetic: every f32 operation
 rounded as written (``--fmad=false``, ``__f*_rn``).
 
-Queries whose f64 sums are exact in any order (``bm25.sum_is_exact``, flagged per pair by the plan: nearly all)
-take a flat path instead: the tile's postings of all terms are numbered end to end, each thread takes every
-THREADS-th one, ``UNROLL`` at a time with their loads in flight together, and adds with a shared-memory atomic.
-No barrier separates the terms, so a tile costs a few memory round trips instead of a few per term.
+Queries whose f64 sums are exact in any order (``bm25.sum_is_exact``: nearly all) take a flat path instead: the tile's
+postings of all terms are numbered end to end, each thread takes every THREADS-th one, ``UNROLL`` at a time with their
+loads in flight together, and adds it with shared-memory atomics to the doc's 64-bit fixed-point sum (the plan's
+``flat_shift`` per pair: every score an integer there, so the sums are exact, and their f32 roundings are the f64
+sums'). No barrier separates the terms, so a tile costs a few memory round trips instead of a few per term.
 
 Blocks a multiprocessor holds are bounded by the tile's shared memory, so the register budget is set from that
 limit (``min_blocks``; one H200 run, 21M docs, a batch of 64 NQ queries: 5.33 ms with 40 registers and 12 blocks a
@@ -22,9 +23,9 @@ compares the f32 scores of its own run of cells, and every warp finds the tile's
 barrier.
 
 Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles``; or the running threshold, which
-the launch raises from its own tiles' maxima as they finish: ``run_scan``) a tile whose maximum, tracked from the sums
-the adds store, falls below it returns before the read-out, and groups below it are not written: at k > 32, where the
-tile's own cut keeps every matched group, that was most of the read-out. ``bm25_filter`` lists the units that may
+the launch raises from its own tiles' maxima as they finish: ``run_scan``) a tile whose maximum, or a bound above it,
+tracked from the sums the adds store, falls below it returns before the read-out, and groups below it are not
+written: at k > 32, where the tile's own cut keeps every matched group, that was most of the read-out. ``bm25_filter`` lists the units that may
 reach the threshold by the same adds as an upper bound (a 2-ulp division and 16-bit fixed-point sums, two a word, by
 the integer atomics Hopper has in shared memory while a float's is a compare-and-swap loop; a margin for the rest; two
 tiles a block, 16 blocks a multiprocessor instead of 12), and ``bm25_listed`` scores the listed ones exactly.
@@ -72,8 +73,8 @@ static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per 
 // The flat path's adds: postings j = tid, tid + THREADS, ... of the tile's terms numbered end to end (t_end: the
 // inclusive prefix sum of their counts; t_first: a term's first posting minus its first flat index), UNROLL at a
 // time with their loads in flight together. SCORE(w, q) is a posting's term score from its weight and tf * cache[norm];
-// ADD(off, s) adds s to the sum of the doc at offset off from the tile's first and keeps the largest sum stored. A
-// macro, not a function: the f64 scorer and the filter compile to the same code as when each spelled it out (a
+// ADD(off, s) adds s to the sum of the doc at offset off from the tile's first and keeps track of the largest sum
+// stored. A macro, not a function: the scorer and the filter compile to the same code as when each spelled it out (a
 // function taking the shared arrays by pointer did not).
 #define FLAT_ADDS(SCORE, ADD)                                                                                   \
     {                                                                                                           \
@@ -108,8 +109,62 @@ static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per 
 // by instruction issue). It is within 2^-20 w below SCORE_EXACT (which loses up to an ulp of w by cancellation when
 // q is small); the filter's test allows for that.
 #define SCORE_BOUND(w, q) __fmul_rn(w, __fdividef(q, __fadd_rn(1.0f, q)))
-// f64: exact on the flat path (its sums are exact in any order).
-#define ADD_F64(off, s) run = fmaxf(run, (float)__dadd_rn(atomicAdd(&acc[off], (double)(s)), (double)(s)))
+// The flat path's sums (exact in any order): s * 2^shift is an integer (``gpu_tiles.flat_shift``), added to the doc's
+// 64-bit fixed-point sum as two 32-bit words by the shared-memory atomic Hopper has natively, the low word's carry
+// with the high one (a 64-bit add, integer or float, is a compare-and-swap loop: ncu counted 3.2 tries an add). run
+// keeps the largest high word this thread stored: a doc's last high-word add sees its final value, so (run + 1) << 32
+// bounds the tile's sums from above.
+__device__ __forceinline__ unsigned add_fixed64(unsigned* cell, const float s, const float scale, const unsigned run)
+{
+    const unsigned long long v = __float2ull_rn(__fmul_rn(s, scale));
+    const unsigned lo = (unsigned)v, old = atomicAdd(cell, lo);
+    const unsigned hi = (unsigned)(v >> 32) + (old + lo < old ? 1u : 0u);
+    return max(run, atomicAdd(cell + 1, hi) + hi);
+}
+#define UNSCALE __int_as_float((127 - s_shift) << 23)  // 1 / scale
+#define ADD_FIXED64(off, s) run = add_fixed64(reinterpret_cast<unsigned*>(acc) + 2 * (off), s, scale, run)
+// A cell's f32 score: the flat path's fixed-point sum (its f32 rounding is the exact sum's, then scaled by a power of
+// two) or the ordered path's f64.
+__device__ __forceinline__ float fixed_f32(const unsigned long long c, const float unscale)
+{
+    return __fmul_rn(__ull2float_rn(c), unscale);
+}
+__device__ __forceinline__ float cell_f32(const double* acc, const int i, const bool flat, const float unscale)
+{
+    return flat ? fixed_f32(reinterpret_cast<const unsigned long long*>(acc)[i], unscale) : (float)acc[i];
+}
+// The largest f32 score of a thread's CPT consecutive cells (its start rotated by tid: no bank conflicts), that is the
+// f32 of the largest sum: rounding is monotone, so f32 compares suffice (an f64 or a 64-bit integer max takes several
+// instructions, and the kernel is bound by instruction issue: ncu, 62-77% of issue slots busy), and the flat path's
+// scaling is applied once.
+__device__ __forceinline__ float cells_max(const double* acc, const int tid, const bool flat, const float unscale)
+{
+#if CPT >= 2  // 16-byte reads, the 8 threads of a quarter warp on distinct banks; two chains of comparisons
+    if (flat) {
+        float m = 0.0f, mb = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CPT / 2; ++i) {
+            const ulonglong2 v =
+                reinterpret_cast<const ulonglong2*>(acc)[tid * (CPT / 2) + ((i + tid) & (CPT / 2 - 1))];
+            m = fmaxf(m, __ull2float_rn(v.x));
+            mb = fmaxf(mb, __ull2float_rn(v.y));
+        }
+        return __fmul_rn(fmaxf(m, mb), unscale);
+    }
+    float gm = 0.0f, gmb = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CPT / 2; ++i) {
+        const double2 v = reinterpret_cast<const double2*>(acc)[tid * (CPT / 2) + ((i + tid) & (CPT / 2 - 1))];
+        gm = fmaxf(gm, (float)v.x);
+        gmb = fmaxf(gmb, (float)v.y);
+    }
+    return fmaxf(gm, gmb);
+#else
+    float gm = 0.0f;
+    for (int i = 0; i < CPT; ++i) gm = fmaxf(gm, cell_f32(acc, tid * CPT + ((i + tid) & (CPT - 1)), flat, unscale));
+    return gm;
+#endif
+}
 // The filter's bound: s * scale rounded up to an integer, added by the one shared-memory atomic Hopper has natively (a
 // float's is a compare-and-swap loop) to a 16-bit sum, two a word (the scale keeps every sum under 2^16: no carry
 // crosses into the other half). run keeps the largest sum stored in each tile of the span, one a 16-bit half.
@@ -226,13 +281,19 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     __shared__ float t_w[MAX_TERMS];
     __shared__ int t_end[MAX_TERMS];  // flat path: inclusive prefix sum of the counts
     __shared__ float w_max[THREADS / 32];
+    __shared__ float g_top[THREADS / 32];
     __shared__ float s_run;
+    __shared__ int s_shift;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const long long pair = unit / TPB;
     const int tile = (int)(unit % TPB);
     const long long row = pairs[pair], blk = pairs[n_pairs + pair];
     const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
-    const bool flat = pairs[4 * n_pairs + pair] != 0;  // its sums are exact in any order (bm25.sum_is_exact)
+    // the flat path's fixed-point shift (gpu_tiles.flat_shift; 0: the terms in order, f64 sums), kept in shared memory
+    // until used (a register held through the ranges made bm25_listed spill)
+    const int shift = (int)pairs[4 * n_pairs + pair];
+    const bool flat = shift != 0;
+    if (tid == 0) s_shift = shift;
     unsigned* const st = RUN && running ? running + row * RUN_WORDS : nullptr;
     // the running threshold as the tile starts (read now: its latency passes while the tile is scored)
     const float run_th = st && tid == 0 ? __uint_as_float(__ldcg(st + RUN_BINS + 1)) : 0.0f;
@@ -248,7 +309,9 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     if (tid < TILE / 2) reinterpret_cast<double2*>(acc)[tid] = make_double2(0.0, 0.0);
 #endif
     long long work = 0;  // the same in every thread: read from shared memory
-    float run = 0.0f;  // the largest sum this thread wrote: scores only grow, so their maximum is the tile's
+    // the largest sum this thread stored, its f32's bits (non-negative floats order like their bits: scores only grow,
+    // so their maximum is the tile's); flat: the largest high word it stored
+    unsigned run = 0;
     for (long long e0 = i0; e0 < i1; e0 += MAX_TERMS) {
         const int ne = (int)min((long long)MAX_TERMS, i1 - e0);
         if (e0 != i0) __syncthreads();  // the previous terms' ranges are no longer read
@@ -281,8 +344,9 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
         __syncthreads();  // the ranges are read, the zeroing is done
         if (flat) {
             const int total = t_end[ne - 1];
+            const float scale = __int_as_float((127 + s_shift) << 23);
             work += total;
-            FLAT_ADDS(SCORE_EXACT, ADD_F64)
+            FLAT_ADDS(SCORE_EXACT, ADD_FIXED64)
             __syncthreads();  // the adds are done before the read-out or the next terms' ranges
             continue;
         }
@@ -299,46 +363,32 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
                 const float s = SCORE_EXACT(w, q);
                 const double v = __dadd_rn(acc[off], (double)s);
                 acc[off] = v;
-                run = fmaxf(run, (float)v);
+                run = max(run, __float_as_uint((float)v));
             }
             __syncthreads();  // the next term may add to the same cells from other threads
         }
     }
     if (work == 0) return;
-    for (int o = 16; o; o >>= 1) run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, o));
-    if (lane == 0) w_max[warp] = run;
+    // the tile's maximum; flat: a bound above it, (run + 1) << 32 scaled
+    float top = flat ? __fmul_rn(__ull2float_ru((unsigned long long)(run + 1) << 32), UNSCALE) : __uint_as_float(run);
+    for (int o = 16; o; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+    if (lane == 0) w_max[warp] = top;
     if (tid == 0) s_run = run_th;
     __syncthreads();
-    float t_max = w_max[0];  // the tile's maximum
+    float t_max = w_max[0];  // the tile's maximum (flat: a bound above it)
     for (int w = 1; w < THREADS / 32; ++w) t_max = fmaxf(t_max, w_max[w]);
     // Below the row's threshold (a sample's k-th largest tile maximum, or the running one: k docs score at least this)
     // no doc of the tile can be in the top-k: nothing is read out or written, and its maxima stay zero. Nor is it
     // counted for the running threshold: a count below the threshold can no longer raise it.
     const float th = fmaxf(theta[row], s_run);
     if (t_max < th) return;
-    unsigned c = 0;  // thread 0: the row's tiles counted so far, this one too (used last: the read-out hides the wait)
-    if (st && tid == 0) {
-        atomicAdd(st + run_bin(t_max), 1u);
-        c = atomicAdd(st + RUN_BINS, 1u) + 1;
-    }
-    // Group maxima: each thread takes CPT consecutive cells (its start rotated by tid: no bank conflicts) and
-    // compares their f32 scores: rounding is monotone, so that is the f32 of the maximum (an f64 max takes several
-    // instructions, and the kernel is bound by instruction issue: ncu, 77% of issue slots busy).
-#if CPT >= 2  // 16-byte reads, the 8 threads of a quarter warp on distinct banks; two chains of comparisons
-    float gm = 0.0f, gmb = 0.0f;
-#pragma unroll
-    for (int i = 0; i < CPT / 2; ++i) {
-        const double2 v = reinterpret_cast<const double2*>(acc)[tid * (CPT / 2) + ((i + tid) & (CPT / 2 - 1))];
-        gm = fmaxf(gm, (float)v.x);
-        gmb = fmaxf(gmb, (float)v.y);
-    }
-    gm = fmaxf(gm, gmb);
-#else
-    float gm = 0.0f;
-    for (int i = 0; i < CPT; ++i) gm = fmaxf(gm, (float)acc[tid * CPT + ((i + tid) & (CPT - 1))]);
-#endif
+    float gm = cells_max(acc, tid, flat, UNSCALE);  // group maxima
     for (int o = 1; o < 32 / CPT; o <<= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
     if (tid % (32 / CPT) == 0) g_max[tid / (32 / CPT)] = gm;
+    if (flat) {  // and the warps' maxima: the tile's maximum itself, where t_max was a bound
+        for (int o = 32 / CPT; o < 32; o <<= 1) gm = fmaxf(gm, __shfl_xor_sync(0xffffffffu, gm, o));
+        if (lane == 0) g_top[warp] = gm;
+    }
     __syncthreads();
     // Every warp alike (no second barrier): the tile maximum, and a cut no higher than the k-th largest group maximum:
     // the k-th largest of the lanes' maxima (each lane holds VPL groups; k lanes reaching it are k groups), by a
@@ -348,6 +398,16 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     const int k_tile = k < NG ? k : 0;  // 0: every matched group
     float lane_max = 0.0f;
     for (int i = 0; i < VPL; ++i) lane_max = fmaxf(lane_max, lane + 32 * i < NG ? g_max[lane + 32 * i] : 0.0f);
+    if (flat) {
+        t_max = g_top[0];
+        for (int w = 1; w < THREADS / 32; ++w) t_max = fmaxf(t_max, g_top[w]);
+        if (t_max < th) return;
+    }
+    unsigned c = 0;  // thread 0: the row's tiles counted so far, this one too (used last: the read-out hides the wait)
+    if (st && tid == 0) {
+        atomicAdd(st + run_bin(t_max), 1u);
+        c = atomicAdd(st + RUN_BINS, 1u) + 1;
+    }
     float keep_from = 0.0f;
     if (k_tile > 0 && k_tile <= 32) {
         float x = lane_max;
@@ -374,13 +434,14 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
         for (unsigned kept = __ballot_sync(0xffffffffu, m > 0.0f && m >= keep_from); kept; kept &= kept - 1) {
             const int g = warp + (THREADS / 32) * (__ffs(kept) - 1);
             const long long doc = d0 + g * 32 + lane;
-            if (doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
+            if (doc < num_docs) scores[row * num_docs + doc] = cell_f32(acc, g * 32 + lane, flat, UNSCALE);
         }
     } else {
         for (int g = warp; g < NG; g += THREADS / 32) {
             const long long doc = d0 + g * 32 + lane;
             const float m = g_max[g];
-            if (m > 0.0f && m >= keep_from && doc < num_docs) scores[row * num_docs + doc] = (float)acc[g * 32 + lane];
+            if (m > 0.0f && m >= keep_from && doc < num_docs)
+                scores[row * num_docs + doc] = cell_f32(acc, g * 32 + lane, flat, UNSCALE);
         }
     }
     if (st && warp == 0) {  // at the k-th tile counted and every RUN_SCAN-th after, the running threshold is raised
@@ -516,7 +577,8 @@ SELECT_SOURCE = r"""
 // torch.topk, in one module (a launch from Python through ctypes costs a few microseconds, a Triton one tens).
 #define FULL 0xffffffffu
 
-// The first of an entry's count postings p whose doc offset in its block is >= tile * TILE (binary search).
+// The first of an entry's count postings p whose doc offset in its block is >= tile * TILE (binary search; H200: eight
+// postings read at once around the guess count * tile / TPB made plan_single 6-23% slower, by the reads they add).
 __device__ __forceinline__ int tile_start(const unsigned* __restrict__ p, const long long count, const int tile,
                                           const int tf_bits)
 {
@@ -544,11 +606,11 @@ extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long l
 // with its tile ranges: dense, every doc block a pair and every (block, query term) an entry, e = b * nt + j with the
 // terms in ascending id, so a block's entries are in the canonical order; an entry whose term has no posting in the
 // block has count 0. The table is the host plan's, its columns `stride` apart whatever the query (entries: start,
-// count, weight bits; then the pairs: row, block, i0, i1, flat), and bounds tile_bounds'. The query is read from device
-// memory (query_in's copy) and the grid is fixed, so a captured graph replays it for any query. A thread for each
-// (entry, tile).
+// count, weight bits; then the pairs: row, block, i0, i1, shift), and bounds tile_bounds'. The query is read from
+// device memory (query_in's copy) and the grid is fixed, so a captured graph replays it for any query. A thread for
+// each (entry, tile).
 struct Query {
-    int n, flat;  // terms (at most QMAX); may its sums be formed in any order (bm25.sum_is_exact)
+    int n, shift;  // terms (at most QMAX); the flat path's shift (gpu_tiles.flat_shift; 0: the terms in order)
     unsigned term[QMAX];  // ascending
     int wbits[QMAX];  // f32 weights' bits
 };
@@ -602,7 +664,7 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
                 pairs[n_blocks + b] = b;
                 pairs[2 * n_blocks + b] = b * nt;
                 pairs[3 * n_blocks + b] = (b + 1) * nt;
-                pairs[4 * n_blocks + b] = q->flat;
+                pairs[4 * n_blocks + b] = q->shift;
             }
         }
         bounds[i] = tile_start(post + start, count, tile, tf_bits);
