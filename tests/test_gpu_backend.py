@@ -401,9 +401,10 @@ def test_cuda_kth_largest_kernel():
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_tile_bounds_kernel():
-    """``tile_start`` (through ``tile_bounds``): where each tile's docs begin in an entry's postings is numpy's
-    searchsorted, for entries whose docs spread evenly (its guess's bracket holds), cluster in a few tiles, sit at one
-    end or both, come in runs, or number 0, 1 or a few."""
+    """``make_samples`` takes the tile of every SAMPLE-th posting, and ``tile_start`` (through ``tile_bounds``) finds
+    where each tile's docs begin in an entry's postings as numpy's searchsorted does, for entries whose docs spread
+    evenly, cluster in a few tiles, sit at one end or both, come in runs, or number 0, 1 or a few, at any offset from
+    a sample."""
     from ragserve.backends import gpu_tiles_cuda as TC
 
     dev = torch.device("cuda")
@@ -426,8 +427,12 @@ def test_cuda_tile_bounds_kernel():
     n_ent = len(entries)
     ent = torch.from_numpy(np.concatenate([starts, counts])).to(dev)
     post_dev = torch.from_numpy(post.view(np.int32)).to(dev)
+    n_samp = -(-post.size // TC.SAMPLE)
+    samp = torch.full((n_samp,), 255, dtype=torch.uint8, device=dev)
+    kn.samples(-(-n_samp // 256), 256, post_dev, samp, 0, n_samp, tf_bits)
+    assert samp.cpu().numpy().tolist() == ((post[::TC.SAMPLE] >> tf_bits) // tile).tolist()
     bounds = torch.full((n_ent * tpb,), -1, dtype=torch.int32, device=dev)
-    kn.bounds(-(-n_ent * tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post_dev, bounds, tf_bits)
+    kn.bounds(-(-n_ent * tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post_dev, samp, bounds, tf_bits)
     got = bounds.cpu().numpy().reshape(n_ent, tpb)
     for e, d in enumerate(entries):
         assert got[e].tolist() == np.searchsorted(d, np.arange(tpb) * tile).tolist(), e

@@ -105,6 +105,8 @@ class GpuBackend(Backend):
             self._load(norms)
             self._tiles = (T.TileScorer(self.num_docs, index.block_size, self.tf_bits, self.plan.rows, self.device)
                            if tiled else None)
+            if tiled:
+                self._tiles.sample(self._post, 0, self._stage_p)  # the resident shards' postings
             if self.plan.table_bytes:
                 self._tiles.set_query_tables(T.QueryTables.build(
                     self._planner, self._ebase, self._pbase, [(s.block_start, s.block_end) for s in index.shards],
@@ -116,12 +118,14 @@ class GpuBackend(Backend):
         """The memory plan with ``tables`` bytes of device-plan tables where every shard still fits beside them;
         otherwise without them (shards stream, or nothing fits: ``MemoryPlanError``)."""
         block = self.index.block_size
+        cuda_tiles = tiled and self._cuda and T.SCORER == "cuda"
+        samples = T.TileScorer.sample_bytes_per_posting(block) if cuda_tiles else 0.0
 
         def plan(table_bytes: int) -> MemoryPlan:
             return plan_memory(self.num_docs, shard_sizes, budget, max_batch,
                                row_bytes=T.TileScorer.row_bytes(self.num_docs, block) if tiled else None,
                                work_bytes=T.TileScorer.work_bytes(self.device, block) if tiled else 0,
-                               table_bytes=table_bytes)
+                               table_bytes=table_bytes, posting_extra=samples)
 
         if tables:
             try:
@@ -466,6 +470,8 @@ class GpuBackend(Backend):
             bid_host[se[t]:se[t] + ne[t]] = np.asarray(sh.blk_id[e0[t]:e0[t] + ne[t]]).view(np.int32)
         np_, ne_ = int(n.sum()), int((ne + 1).sum())
         self._copy_stage(self._post, self._stage_p, 0, np_)
+        if self._tiles is not None:
+            self._tiles.sample(self._post, self._stage_p, np_)
         self._copy_stage(self._bst, self._stage_e, 1, ne_)
         self._copy_stage(self._bid, self._stage_e, 2, ne_)
         pos = np.searchsorted(terms, items.term)

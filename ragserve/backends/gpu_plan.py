@@ -1,7 +1,8 @@
 """Device memory plan of the GPU backend: which shards live on the device, which stream from host memory.
 
 A shard on the device holds its layout arrays as they are: ``postings.u32`` (4 bytes a posting) and
-``blk_id.u32`` / ``blk_start.u32`` (4 bytes an entry each, plus one sentinel). The other per-shard tables
+``blk_id.u32`` / ``blk_start.u32`` (4 bytes an entry each, plus one sentinel); the CUDA tile kernels add samples of
+the postings (``posting_extra`` bytes a posting: 1/32). The other per-shard tables
 (``term_ptr``, block bounds) stay on the host, where work items are planned; where every shard fits, the tiled CUDA
 path also keeps every shard's ``term_ptr`` on the device (``table_bytes``) to plan single queries there. Besides the
 shards the device needs the norms (1 byte a doc) and, per query scored at once, a row of per-doc working memory: on
@@ -11,6 +12,7 @@ are copied, the slices a batch needs, into a staging area as large as the larges
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ragserve.searcher import SearchError
@@ -23,8 +25,8 @@ class MemoryPlanError(SearchError):
     """Not even one accumulator row, the norms and the staging area fit in the memory budget."""
 
 
-def shard_device_bytes(postings: int, entries: int) -> int:
-    return 4 * postings + 8 * (entries + 1)
+def shard_device_bytes(postings: int, entries: int, posting_extra: float = 0.0) -> int:
+    return 4 * postings + math.ceil(posting_extra * postings) + 8 * (entries + 1)
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,12 @@ class MemoryPlan:
     row_bytes: int
     work_bytes: int = 0  # scoring scratch, whatever the batch
     table_bytes: int = 0  # device tables single queries are planned from (gpu_tiles.QueryTables)
+    posting_extra: float = 0.0  # device bytes a posting beside its 4 (the CUDA kernels' samples)
 
     @property
     def staging_bytes(self) -> int:
-        return shard_device_bytes(self.staging_postings, self.staging_entries - 1) if self.streamed else 0
+        return (shard_device_bytes(self.staging_postings, self.staging_entries - 1, self.posting_extra)
+                if self.streamed else 0)
 
     @property
     def index_bytes(self) -> int:
@@ -56,12 +60,14 @@ class MemoryPlan:
 
 
 def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_rows: int,
-                row_bytes: int | None = None, work_bytes: int = 0, table_bytes: int = 0) -> MemoryPlan:
+                row_bytes: int | None = None, work_bytes: int = 0, table_bytes: int = 0,
+                posting_extra: float = 0.0) -> MemoryPlan:
     """Place shards (``(postings, entries)`` each) within ``budget`` bytes, leaving room for >= 1 row.
 
     ``row_bytes`` is the device memory per query of a batch (the dense path's ``ROW_BYTES_PER_DOC`` per doc
     by default), ``work_bytes`` what the scoring needs whatever the batch, ``table_bytes`` tables kept beside the
-    shards (counted like the working memory). Shards are kept resident in index order as long as they fit; the rest
+    shards (counted like the working memory), ``posting_extra`` bytes a posting beside its 4 (resident or staged).
+    Shards are kept resident in index order as long as they fit; the rest
     stream. Raises ``MemoryPlanError`` when not even the norms, one row,
     the working memory and the staging area fit.
     """
@@ -70,7 +76,7 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
     if row_bytes is None:
         row_bytes = ROW_BYTES_PER_DOC * num_docs
     fixed = num_docs + row_bytes + work_bytes + table_bytes
-    sizes = [shard_device_bytes(p, e) for p, e in shards]
+    sizes = [shard_device_bytes(p, e, posting_extra) for p, e in shards]
     if fixed + sum(sizes) <= budget:
         resident, streamed = tuple(range(len(shards))), ()
         stage_p = stage_e = 0
@@ -78,7 +84,7 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
         stage_p = max(p for p, _ in shards)
         # Staged terms each carry their end sentinel: at most one per entry (a term has >= 1 entry).
         stage_e = 2 * max(e for _, e in shards)
-        stage = shard_device_bytes(stage_p, stage_e - 1)
+        stage = shard_device_bytes(stage_p, stage_e - 1, posting_extra)
         room = budget - fixed - stage
         if room < 0:
             raise MemoryPlanError(
@@ -93,9 +99,10 @@ def plan_memory(num_docs: int, shards: list[tuple[int, int]], budget: int, max_r
         resident = tuple(res)
         streamed = tuple(i for i in range(len(shards)) if i not in res)
     resident_bytes = sum(sizes[i] for i in resident)
-    staging = shard_device_bytes(stage_p, stage_e - 1) if streamed else 0
+    staging = shard_device_bytes(stage_p, stage_e - 1, posting_extra) if streamed else 0
     spare = budget - num_docs - work_bytes - table_bytes - resident_bytes - staging
     rows = max(1, min(max_rows, spare // row_bytes)) if row_bytes else max_rows
     return MemoryPlan(budget=budget, norms_bytes=num_docs, resident=resident, streamed=streamed,
                       resident_bytes=resident_bytes, staging_postings=stage_p, staging_entries=stage_e,
-                      rows=int(rows), row_bytes=row_bytes, work_bytes=work_bytes, table_bytes=table_bytes)
+                      rows=int(rows), row_bytes=row_bytes, work_bytes=work_bytes, table_bytes=table_bytes,
+                      posting_extra=posting_extra)

@@ -491,6 +491,7 @@ class TileScorer:
         # rows, k, capacity, peek of a started top-k, and whether the device ranks it (one row: into the pinned head)
         self._started: tuple[int, int, int, int, bool] | None = None
         self._bounds = torch.empty(0, dtype=torch.int32, device=device)
+        self._samp: torch.Tensor | None = None  # the CUDA kernels' samples of the arena's postings (``sample``)
         self._query_tables: QueryTables | None = None  # set where single queries are planned on the device
         # (k, id of the norm cache tensor) -> graph, the found and listed buffers it writes, the cache, and _started
         self._graphs: dict[tuple[int, int], tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, tuple]] = {}
@@ -504,6 +505,25 @@ class TileScorer:
         # The Triton kernel's per-program scratch; the CUDA one keeps its tile in shared memory.
         self.scratch = (torch.zeros(self.programs * self.tile, dtype=torch.float64, device=device)
                         if self._kernels is None else None)
+
+    @staticmethod
+    def sample_bytes_per_posting(block_size: int) -> float:
+        """Device bytes the CUDA kernels' samples (``sample``) add to each posting of the arena."""
+        return TC.sample_bytes(block_size // tile_size(block_size)) / TC.SAMPLE
+
+    def sample(self, post: torch.Tensor, first: int, count: int) -> None:
+        """Sample postings [first, first + count) of the arena ``post`` for the CUDA kernels' tile ranges (after
+        they are written; on the caller's stream, behind their copy). Nothing to do without those kernels."""
+        if self._kernels is None:
+            return
+        if self._samp is None:
+            n = -(-post.numel() // TC.SAMPLE)
+            self._samp = torch.zeros(n, dtype=torch.uint8 if TC.sample_bytes(self.tpb) == 1 else torch.int16,
+                                     device=self.device)
+        i0, i1 = -(-first // TC.SAMPLE), -(-(first + count) // TC.SAMPLE)
+        if i1 > i0:
+            self._kernels.samples(-(-(i1 - i0) // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, post.data_ptr(),
+                                  self._samp.data_ptr(), i0, i1 - i0, self.tf_bits, stream=current_stream(self.device))
 
     @staticmethod
     def work_bytes(device: torch.device, block_size: int) -> int:
@@ -581,7 +601,7 @@ class TileScorer:
             # of host time, and a single query waits on them (from the plan's upload to the first launch most).
             ent, post = dev.data_ptr(), post.data_ptr()
             self._kernels.bounds(-(-n_ent * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post,
-                                 bounds.data_ptr(), self.tf_bits, stream=self._stream)
+                                 self._samp.data_ptr(), bounds.data_ptr(), self.tf_bits, stream=self._stream)
             self._copies.record(self._table_sent, self._stream)
             self._score_units(ent, n_ent, ent + 8 * plan.pairs_at, n_pairs, plan.rows, post, norms, cache, k,
                               bounds.data_ptr())
@@ -671,8 +691,9 @@ class TileScorer:
         qt, kn, qdev = self._query_tables, self._kernels, self._qdev.data_ptr()
         kn.query_in(1, 32 * -(-TC.QUERY_WORDS // 32), self._qhost_dev, qdev, stream=self._stream)  # a word a thread
         kn.plan(-(-self.n_blocks * TC.PLAN_TERMS * self.tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, qdev, qt.term_ptr,
-                qt.n_shards, qt.blk_shard, qt.shards, qt.blk_id, qt.blk_start, post, self.n_blocks, self.stride,
-                self._qtable.data_ptr(), self._qbounds.data_ptr(), self.tf_bits, stream=self._stream)
+                qt.n_shards, qt.blk_shard, qt.shards, qt.blk_id, qt.blk_start, post, self._samp.data_ptr(),
+                self.n_blocks, self.stride, self._qtable.data_ptr(), self._qbounds.data_ptr(), self.tf_bits,
+                stream=self._stream)
 
     def _queue_query(self, post: int, norms: torch.Tensor, cache: torch.Tensor, k: int) -> None:
         """``_queue_plan`` and the scoring."""

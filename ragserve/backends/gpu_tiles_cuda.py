@@ -25,12 +25,14 @@ barrier.
 Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles``; or the running threshold, which
 the launch raises from its own tiles' maxima as they finish: ``run_scan``) a tile whose maximum, or a bound above it,
 tracked from the sums the adds store, falls below it returns before the read-out, and groups below it are not
-written: at k > 32, where the tile's own cut keeps every matched group, that was most of the read-out. ``bm25_filter`` lists the units that may
-reach the threshold by the same adds as an upper bound (a 2-ulp division and 16-bit fixed-point sums, two a word, by
-the integer atomics Hopper has in shared memory while a float's is a compare-and-swap loop; a margin for the rest; two
-tiles a block, 16 blocks a multiprocessor instead of 12), and ``bm25_listed`` scores the listed ones exactly.
+written: at k > 32, where the tile's own cut keeps every matched group, that was most of the read-out.
+``bm25_filter`` lists the units that may reach the threshold by the same adds as an upper bound (a 2-ulp division and
+16-bit fixed-point sums, two a word, by the integer atomics Hopper has in shared memory while a float's is a
+compare-and-swap loop; a margin for the rest; two tiles a block, 16 blocks a multiprocessor instead of 12), and
+``bm25_listed`` scores the listed ones exactly.
 
-``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary search), a
+``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary searches of
+samples of the postings, then of SAMPLE postings; the samples are made once the postings are on the device), a
 single query's whole plan with them (``plan_single``: no host planning on its latency path), the k-th largest tile
 maximum (radix select), the collect kernel, which also clears the maxima it read, and a single query's ranking of its
 candidates.
@@ -46,6 +48,7 @@ MAX_TERMS = 64  # entries whose ranges sit in shared memory at once (the flat pa
 UNROLL = 2  # postings per thread in flight at once on the flat path (H200, two runs: 2 beat 4 by 3-10%; 1 and 8 lose)
 COLLECT_GROUPS = 1024  # groups a collect block reads (its tiles' maxima cleared with them: a multiple of TILE / 32)
 BOUNDS_THREADS = 256
+SAMPLE = 32  # tile_start's samples: the tile of every SAMPLE-th posting of the arena (a 128-byte line of postings)
 KTH_THREADS = 1024
 KTH_REG = 16  # tile maxima a kth_largest thread keeps in registers: all of a row up to 16,384 tiles (33M docs)
 COLLECT_THREADS = 256
@@ -577,29 +580,58 @@ SELECT_SOURCE = r"""
 // torch.topk, in one module (a launch from Python through ctypes costs a few microseconds, a Triton one tens).
 #define FULL 0xffffffffu
 
-// The first of an entry's count postings p whose doc offset in its block is >= tile * TILE (binary search; H200: eight
-// postings read at once around the guess count * tile / TPB made plan_single 6-23% slower, by the reads they add).
-__device__ __forceinline__ int tile_start(const unsigned* __restrict__ p, const long long count, const int tile,
+#if SAMPLE_BYTES == 1
+typedef unsigned char sample_t;
+#else
+typedef unsigned short sample_t;
+#endif
+
+// samp[i] = the tile (in its doc block) of the arena's posting SAMPLE * i, for i in [first, first + n).
+extern "C" __global__ void make_samples(const unsigned* __restrict__ post, sample_t* __restrict__ samp,
+                                        long long first, long long n, int tf_bits)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) samp[first + i] = (sample_t)((__ldg(post + SAMPLE * (first + i)) >> tf_bits) / TILE);
+}
+
+// The first of the count postings from post[start] (an entry) whose doc offset in its block is >= tile * TILE, as an
+// index from start. A binary search of the entry's samples (samp: make_samples') brackets it within SAMPLE postings,
+// and one of those postings (one 128-byte line: L1 after its first read) finds it. A binary search of the postings
+// alone waited on ~log2(count) reads from DRAM, one after the other (H200 ncu: 60% of plan_single's stalls), where the
+// samples, 1/128 of the postings' bytes, mostly sit in L2; eight postings read at once around the guess
+// count * tile / TPB instead made plan_single 6-23% slower, by the reads they add.
+__device__ __forceinline__ int tile_start(const unsigned* __restrict__ post, const sample_t* __restrict__ samp,
+                                          const long long start, const long long count, const int tile,
                                           const int tf_bits)
 {
-    const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
-    long long lo = 0, hi = count;
-    while (lo < hi) {
+    const long long s0 = (start + SAMPLE - 1) / SAMPLE, s1 = (start + count + SAMPLE - 1) / SAMPLE;  // inside it
+    long long lo = s0, hi = s1;
+    while (lo < hi) {  // the first sample at or past the tile
         const long long mid = (lo + hi) >> 1;
-        if ((unsigned long long)__ldg(p + mid) < target) lo = mid + 1;
+        if ((int)__ldg(samp + mid) < tile) lo = mid + 1;
         else hi = mid;
     }
-    return (int)lo;
+    const long long first = lo;
+    const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
+    lo = first > s0 ? SAMPLE * (first - 1) + 1 : start;  // the sample before is below the tile
+    hi = first < s1 ? SAMPLE * first : start + count;  // this one is not
+    while (lo < hi) {
+        const long long mid = (lo + hi) >> 1;
+        if ((unsigned long long)__ldg(post + mid) < target) lo = mid + 1;
+        else hi = mid;
+    }
+    return (int)(lo - start);
 }
 
 // bounds[e * TPB + j] = tile_start of entry e and tile j.
 extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long long n_ent,
-                                       const unsigned* __restrict__ post, int* __restrict__ bounds, int tf_bits)
+                                       const unsigned* __restrict__ post, const sample_t* __restrict__ samp,
+                                       int* __restrict__ bounds, int tf_bits)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_ent * TPB) return;
     const long long e = i / TPB;
-    bounds[i] = tile_start(post + ent[e], ent[n_ent + e], (int)(i % TPB), tf_bits);
+    bounds[i] = tile_start(post, samp, ent[e], ent[n_ent + e], (int)(i % TPB), tf_bits);
 }
 
 // A single query's plan, made on the device (the host's plan costs a single query tens of microseconds of its latency),
@@ -625,7 +657,8 @@ extern "C" __global__ void query_in(const int* __restrict__ host, int* __restric
 extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsigned* __restrict__ term_ptr,
     int n_shards, const int* __restrict__ blk_shard, const long long* __restrict__ shards,
     const unsigned* __restrict__ blk_id, const unsigned* __restrict__ blk_start, const unsigned* __restrict__ post,
-    long long n_blocks, long long stride, long long* __restrict__ table, int* __restrict__ bounds, int tf_bits)
+    const sample_t* __restrict__ samp, long long n_blocks, long long stride, long long* __restrict__ table,
+    int* __restrict__ bounds, int tf_bits)
 {
     const long long nt = q->n, n = n_blocks * nt * TPB;
     const long long step = (long long)gridDim.x * blockDim.x;
@@ -667,7 +700,7 @@ extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsign
                 pairs[4 * n_blocks + b] = q->shift;
             }
         }
-        bounds[i] = tile_start(post + start, count, tile, tf_bits);
+        bounds[i] = tile_start(post, samp, start, count, tile, tf_bits);
     }
 }
 
@@ -838,21 +871,27 @@ def filter_blocks(tile: int, tpb: int) -> int:
     return max(1, min(32, 2048 // threads(tile), (228 << 10) // (2 * filter_span(tpb) * tile + (3 << 10))))
 
 
+def sample_bytes(tpb: int) -> int:
+    """Bytes of a ``make_samples`` sample: a tile of a doc block (``tpb`` of them)."""
+    return 1 if tpb <= 256 else 2
+
+
 def defines(tile: int, tpb: int) -> dict[str, int]:
     """The module's compile-time constants for ``tile``-doc tiles, ``tpb`` of them a doc block."""
     return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
             "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile, tpb),
             "FSPAN": filter_span(tpb), "COLLECT_GROUPS": COLLECT_GROUPS,
             "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS,
-            "SORT_MAX": SORT_MAX, "RANK_THREADS": RANK_THREADS, "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX,
+            "SORT_MAX": SORT_MAX, "SAMPLE": SAMPLE, "SAMPLE_BYTES": sample_bytes(tpb), "RANK_THREADS": RANK_THREADS,
+            "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX,
             "RUN_BINS": RUN_BINS, "RUN_SHIFT": RUN_SHIFT, "RUN_BASE": RUN_BASE, "RUN_SCAN": RUN_SCAN,
             "RUN_WORDS": RUN_WORDS}
 
 
 class TileKernels:
-    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``bounds``,
-    ``query_in``, ``plan``, ``kth``, ``collect`` and ``rank`` (``SELECT_SOURCE``); launch the first three with
-    ``threads(tile)`` threads a block."""
+    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``samples``,
+    ``bounds``, ``query_in``, ``plan``, ``kth``, ``collect`` and ``rank`` (``SELECT_SOURCE``); launch the first three
+    with ``threads(tile)`` threads a block."""
 
     def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
         module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in
@@ -863,10 +902,11 @@ class TileKernels:
         self.listed = module.kernel("bm25_listed", LISTED_SIGNATURE)
         # bm25_listed's grid: the blocks that are resident at once
         self.listed_grid = torch.cuda.get_device_properties(device).multi_processor_count * min_blocks(tile)
-        self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "i32"])
+        self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "ptr", "i32"])
+        self.samples = module.kernel("make_samples", ["ptr", "ptr", "i64", "i64", "i32"])
         self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
         self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64", "ptr"])
         self.rank = module.kernel("rank_candidates", ["ptr", "i64", "ptr", "i32", "i32"])
         self.query_in = module.kernel("query_in", ["ptr", "ptr"])
-        self.plan = module.kernel("plan_single", ["ptr", "ptr", "i32", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64",
-                                                  "ptr", "ptr", "i32"])
+        self.plan = module.kernel("plan_single", ["ptr", "ptr", "i32", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64",
+                                                  "i64", "ptr", "ptr", "i32"])
