@@ -378,7 +378,7 @@ class GpuBackend(Backend):
             return 1, queries[0], None, self._shift(queries[0], min_q)
         if not self.plan.streamed:  # one compiled call from the queries to the plan
             plan = T.plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
-            return len(queries), plan, None, np.zeros(0, bool)
+            return len(queries), plan, None, np.zeros(0, np.int64)
         items = self._planner.items(queries)
         shifts = self._shifts(queries, min_q)
         streamed = np.isin(items.shard, self.plan.streamed)

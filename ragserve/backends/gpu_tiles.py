@@ -184,22 +184,16 @@ sum_is_exact = njit(cache=True, nogil=True)(bm25.sum_is_exact)
 @njit(cache=True, nogil=True)
 def flat_shift(weights: np.ndarray, min_q: float) -> int:
     """The CUDA scorer's flat path for a query (compiled: a single query waits on it): 0 where its f64 sums are not
-    exact in any order (``bm25.sum_is_exact``, with ``min_q`` its bound of q); else the shift S of the 64-bit
-    fixed-point sums it adds them as: the largest with n * max(w) * 2^S < 2^63. Every term score s lies in
-    [min_s, max(w)], so s * 2^S is an integer where 2^S is at least 1 / ulp(min_s) (``sum_is_exact`` leaves 2^10 of
-    room above that with n > 1, checked here for one term), and no sum reaches 2^63: the integer sums are exact, and
-    their f32 rounding, scaled back, is the f64 sum's."""
+    exact in any order (``bm25.sum_is_exact``, with ``min_q`` its bound of q), or it has one term; else the shift S of
+    the 64-bit fixed-point sums it adds them as: the largest with n * max(w) * 2^S < 2^63. Every term score s lies in
+    [min_s, max(w)], and ``sum_is_exact`` holds n * max(w) under 2^53 ulp(min_s), so 2^S ulp(min_s) >= 2^10: s * 2^S
+    is an integer, no sum reaches 2^63, the integer sums are exact, and their f32 rounding, scaled back, is the f64
+    sum's. (With one term ``sum_is_exact`` bounds nothing; the ordered path adds it alike.)"""
     n = weights.size
-    if n == 0 or min_q <= 0.0 or not sum_is_exact(weights, min_q):
+    if n < 2 or not sum_is_exact(weights, min_q):
         return 0
-    w = weights.astype(np.float64)
-    min_s = w.min() * min_q / (1.0 + min_q) * (1 - 1e-6)
-    if min_s <= 0.0:
-        return 0
-    shift = 63 - math.frexp(n * w.max())[1]  # n * max(w) < 2^(63 - shift)
-    if shift < 1 or shift > 126 or shift + math.frexp(min_s)[1] - 24 < 0:  # 2^-shift normal; min_s's ulp >= 2^-shift
-        return 0
-    return shift
+    shift = 63 - math.frexp(n * np.float64(weights.max()))[1]  # n * max(w) < 2^(63 - shift)
+    return shift if 1 <= shift <= 126 else 0  # 2^-shift a normal f32
 
 
 @njit(cache=True, nogil=True)

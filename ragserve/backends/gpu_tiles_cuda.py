@@ -129,13 +129,10 @@ __device__ __forceinline__ unsigned add_fixed64(unsigned* cell, const float s, c
 #define ADD_FIXED64(off, s) run = add_fixed64(reinterpret_cast<unsigned*>(acc) + 2 * (off), s, scale, run)
 // A cell's f32 score: the flat path's fixed-point sum (its f32 rounding is the exact sum's, then scaled by a power of
 // two) or the ordered path's f64.
-__device__ __forceinline__ float fixed_f32(const unsigned long long c, const float unscale)
-{
-    return __fmul_rn(__ull2float_rn(c), unscale);
-}
 __device__ __forceinline__ float cell_f32(const double* acc, const int i, const bool flat, const float unscale)
 {
-    return flat ? fixed_f32(reinterpret_cast<const unsigned long long*>(acc)[i], unscale) : (float)acc[i];
+    return flat ? __fmul_rn(__ull2float_rn(reinterpret_cast<const unsigned long long*>(acc)[i]), unscale)
+                : (float)acc[i];
 }
 // The largest f32 score of a thread's CPT consecutive cells (its start rotated by tid: no bank conflicts), that is the
 // f32 of the largest sum: rounding is monotone, so f32 compares suffice (an f64 or a 64-bit integer max takes several
