@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ragserve import bm25
-from ragserve.bm25 import QueryTerms
-from ragserve.searcher import Searcher, TopK
+from indexer import bm25
+from indexer.bm25 import QueryTerms
+from ragserve.kernels.contract import TopK
+from ragserve.retrieval.searcher import Searcher
 
 
 def read_query_texts(path: str | Path) -> list[str]:

@@ -20,6 +20,7 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -491,7 +492,7 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, rea
 
 
 def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyzer, source: dict, t_start: float) -> dict:
-    from ragserve.bm25 import avgdl_f32, norm_cache
+    from indexer.bm25 import avgdl_f32, norm_cache
 
     n = ing.num_docs
     block_size, tf_bits = _effective_block_size(opts.block_size, ing.max_tf)
@@ -532,7 +533,6 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
                                "bytes": L.shard_bytes(P, E, V, doc_end - doc_start)})
         shutil.rmtree(tmp / "_runs")
         files = sums.files()
-    from ragserve import __version__
     manifest = {
         "format": L.FORMAT_NAME,
         "version": L.FORMAT_VERSION,
@@ -550,7 +550,7 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
         "source": source,
         "build_seconds": round(time.time() - t_start, 3),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "builder": f"ragserve {__version__}",
+        "builder": f"ragserve {_builder_version()}",
     }
     with open(tmp / L.MANIFEST, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -764,6 +764,14 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _builder_version() -> str:
+    """The installed distribution's version (the indexer does not import the ragserve package above it)."""
+    try:
+        return version("ragserve")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def build_index(inputs: list[str | Path], out_dir: str | Path, options: BuildOptions | None = None,

@@ -37,12 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from indexer.reader import IndexReader  # noqa: E402
-from ragserve import bm25  # noqa: E402
-from ragserve.backends import gpu_tiles  # noqa: E402
-from ragserve.backends.gpu import GpuBackend  # noqa: E402
-from ragserve.backends.gpu_kernels import M32  # noqa: E402
-from ragserve.backends.gpu_topk import METHODS as TOPK_METHODS  # noqa: E402
-from ragserve.searcher import KernelTimes, Searcher  # noqa: E402
+from indexer import bm25  # noqa: E402
+from ragserve.kernels.gpu import tiles as gpu_tiles  # noqa: E402
+from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
+from ragserve.kernels.gpu.dense import M32  # noqa: E402
+from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS  # noqa: E402
+from ragserve.kernels.contract import StageTimes  # noqa: E402
+from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from ragserve.topics import read_queries  # noqa: E402
 
 T0 = time.time()
@@ -128,7 +129,7 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
     out["gpu_describe"] = g.describe()
     log(f"gpu backend loaded in {out['gpu_load_s']}s: {g.describe()}")
     try:  # the cpu backend needs numba; keep the gpu numbers if it cannot load
-        from ragserve.backends.cpu import CpuBackend
+        from ragserve.kernels.cpu.backend import CpuBackend
 
         cpu = CpuBackend(reader, threads=os.cpu_count())
     except Exception as e:
@@ -180,16 +181,16 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
             f"floor x{r['gpu']['floor_ratio_p50']:.2f} (large x{r['gpu']['floor_ratio_large_p50']:.2f}), "
             f"batch {r['gpu']['batch_qps']:.0f} q/s")
         # stage split: one batch, and single queries (synchronised between the stages)
-        kt = KernelTimes()
+        kt = StageTimes()
         g.search_terms(analysed[:args.batch], k, k1, b, kt)
         bp = planner.items(analysed[:args.batch]).postings
-        r["gpu"]["batch_stage_s"] = {"scoring": kt.relevancy, "topk": kt.topk, "postings": bp,
+        r["gpu"]["batch_stage_s"] = {"scoring": kt.relevancy, "topk": kt.retrieval, "postings": bp,
                                      "scoring_Gpostings_per_s": bp / kt.relevancy / 1e9 if kt.relevancy else None}
-        kt = KernelTimes()
+        kt = StageTimes()
         for q in sample[:100]:
             g.search_terms([q], k, k1, b, kt)
         r["gpu"]["single_stage_ms_mean"] = {"scoring": kt.relevancy * 1e3 / len(sample[:100]),
-                                            "topk": kt.topk * 1e3 / len(sample[:100])}
+                                            "topk": kt.retrieval * 1e3 / len(sample[:100])}
         log(f"{name} k={k} gpu stages {r['gpu']['single_stage_ms_mean']}, batch {r['gpu']['batch_stage_s']}")
         if g.kernel == "torch":  # the dense path's other top-k threshold method, for comparison
             default_topk = g.topk

@@ -51,9 +51,9 @@ def main() -> int:
     import torch
 
     from indexer.reader import IndexReader
-    from ragserve.backends import gpu_tiles
-    from ragserve.backends.gpu import GpuBackend
-    from ragserve.searcher import Searcher
+    from ragserve.kernels.gpu import tiles as gpu_tiles
+    from ragserve.kernels.gpu.backend import GpuBackend
+    from ragserve.retrieval.searcher import Searcher
     from synth_layout import map_queries, write_layout
 
     name, docs = args.synth[0], int(args.synth[1])

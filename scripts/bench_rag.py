@@ -32,7 +32,7 @@ STAGES = ("prepare", "relevancy", "retrieval", "apply")
 def build_artefacts(examples, work: Path) -> tuple[Path, Path, Path]:
     from ragserve.rag.corpus import build_dataset_index
     from ragserve.rag.prompts import PROMPTS_DIR
-    from ragserve.rag.tiny import build_tiny_cross_encoder, build_tiny_lm
+    from tools.tiny_models import build_tiny_cross_encoder, build_tiny_lm
 
     index, lm, ce = work / "index", work / "tiny-llama", work / "tiny-ce"
     if not (index / "manifest.json").exists():
@@ -76,7 +76,8 @@ def main() -> int:
     from ragserve.rag.methods import build_method
     from ragserve.rag.prompts import PromptBuilder, load_exemplars
     from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
-    from ragserve.searcher import SearchError, Searcher
+    from ragserve.kernels.contract import SearchError
+    from ragserve.retrieval.searcher import Searcher
 
     methods = [m for m in args.methods.split(",") if m]
     unknown = set(methods) - set(ALL_METHODS)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragserve.peers import engines as E  # noqa: E402
+from tools.peers import engines as E  # noqa: E402
 
 ORDER = ["ragserve", "pyserini", "bm25s", "bm25s-ours", "pisa", "tantivy", "rank-bm25"]
 AGREE_QUERIES = 200

@@ -1,6 +1,6 @@
 """The CUDA tile scoring kernel alone, this checkout's against other versions' sources, side by side in one run.
 
-    git show 808740b:ragserve/backends/gpu_tiles_cuda.py > /tmp/tiles_808740b.py
+    git show 808740b:ragserve/kernels/gpu/tiles_cuda.py > /tmp/tiles_808740b.py
     python scripts/bench_tile_kernel.py --synth dpr21m 21000000 --workdir /tmp/synth --reference REF_IDX \
         --topics nq=NQ_TOPICS msmarco=MSMARCO_TOPICS --variant 808740b=/tmp/tiles_808740b.py --json out.json
 
@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from indexer.reader import IndexReader  # noqa: E402
-from ragserve.backends import gpu_tiles as T  # noqa: E402
-from ragserve.backends import gpu_tiles_cuda as TC  # noqa: E402
-from ragserve.backends.gpu import GpuBackend  # noqa: E402
-from ragserve.searcher import Searcher  # noqa: E402
+from ragserve.kernels.gpu import tiles as T  # noqa: E402
+from ragserve.kernels.gpu import tiles_cuda as TC  # noqa: E402
+from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
+from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from synth_layout import map_queries, write_layout  # noqa: E402
 
 K1, B = 0.9, 0.4

@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragserve.ireval import evaluate  # noqa: E402
-from ragserve.peers import lucene  # noqa: E402
-from ragserve.peers.parity import as_engine_order, lucene_run  # noqa: E402
+from tools.peers import lucene  # noqa: E402
+from tools.peers.parity import as_engine_order, lucene_run  # noqa: E402
 from ragserve.topics import read_qrels, read_queries  # noqa: E402
 from ragserve.trec import write_run  # noqa: E402
 

@@ -5,7 +5,7 @@
 Corpora: BEIR ArguAna, the HotpotQA dev (IRCoT) paragraphs, a synthetic Wikipedia-like corpus (indexer/synth.py)
 of --synth-docs passages, and 21,015,324 passages (the DPR Wikipedia split's size) whose posting statistics are
 extrapolated from the synthetic index (see ``extrapolated_counts``). Corpora and indexes are built under DIR on
-first use. Every FPGA figure is a model (ragserve/backends/fpga_model.py, KernelParams): no card was used; the
+first use. Every FPGA figure is a model (tools/fpga_model.py, KernelParams): no card was used; the
 counts it starts from equal the C simulation's counters (tests/test_fpga_model.py). CPU times are measured here.
 """
 from __future__ import annotations
@@ -22,12 +22,12 @@ import numpy as np
 
 from indexer.reader import IndexReader
 from indexer.writer import BuildOptions, build_index
-from ragserve.backends import fpga_model as M
-from ragserve.backends.fpga_host import LaunchResult, merge_shards
-from ragserve.bm25 import QueryTerms
+from tools import fpga_model as M
+from ragserve.kernels.fpga.host import LaunchResult, merge_shards
+from indexer.bm25 import QueryTerms
 from ragserve.rag.corpus import dataset_passages, write_corpus
 from ragserve.rag.datasets import read_dataset
-from ragserve.searcher import Searcher
+from ragserve.retrieval.searcher import Searcher
 from ragserve.topics import read_queries
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragserve.peers import lucene, parity  # noqa: E402
+from tools.peers import lucene, parity  # noqa: E402
 from ragserve.topics import read_qrels, read_queries  # noqa: E402
 
 

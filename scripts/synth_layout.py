@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from indexer import layout as L  # noqa: E402
 from indexer.analyzer import AnalyzerConfig  # noqa: E402
 from indexer.norms import LENGTH_TABLE, encode_lengths  # noqa: E402
-from ragserve.bm25 import avgdl_f32, norm_cache  # noqa: E402
+from indexer.bm25 import avgdl_f32, norm_cache  # noqa: E402
 
 TF_CAP = 31  # max tf; the first posting of shard 0 gets it, so the collection's max_tf (and tf_bits) is fixed
 TERM_CHUNK = 16_000_000  # random draws per step of a shard's generation (bounds a worker's memory)

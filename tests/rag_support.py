@@ -37,13 +37,13 @@ def _texts() -> list[str]:
 
 @functools.cache
 def tiny_lm() -> Path:
-    from ragserve.rag.tiny import build_tiny_lm
+    from tools.tiny_models import build_tiny_lm
     return build_tiny_lm(workdir() / "tiny-llama", _texts())
 
 
 @functools.cache
 def tiny_cross_encoder() -> Path:
-    from ragserve.rag.tiny import build_tiny_cross_encoder
+    from tools.tiny_models import build_tiny_cross_encoder
     return build_tiny_cross_encoder(workdir() / "tiny-ce", _texts()[:400])
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from indexer.analyzer import Analyzer
 from indexer.norms import byte4_to_int, int_to_byte4
-from ragserve.searcher import SearchError, Searcher
+from ragserve.kernels.contract import SearchError
+from ragserve.retrieval.searcher import Searcher
 from tests.conftest import shared
 
 

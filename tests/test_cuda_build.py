@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from ragserve.backends import gpu_tiles_cuda as TC
+from ragserve.kernels.gpu import tiles_cuda as TC
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from indexer.reader import IndexReader
-from ragserve.backends import fpga_sim
-from ragserve.backends.fpga_host import FpgaUnavailableError
+from ragserve.kernels.fpga import sim as fpga_sim
+from ragserve.kernels.fpga.host import FpgaUnavailableError
 from ragserve.cli import main
-from ragserve.searcher import SearchError, Searcher
+from ragserve.kernels.contract import SearchError
+from ragserve.retrieval.searcher import Searcher
 
 QUERY = "What government position was held by the woman who portrayed Corliss Archer in the film Kiss and Tell?"
 

@@ -1,4 +1,4 @@
-"""The performance model (ragserve/backends/fpga_model.py) predicts, from the index's block tables and posting
+"""The performance model (tools/fpga_model.py) predicts, from the index's block tables and posting
 lists alone, every loop counter the C-simulated kernel reports, query by query and shard by shard."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from ragserve.backends import fpga_model as M
-from ragserve.searcher import Searcher
+from tools import fpga_model as M
+from ragserve.retrieval.searcher import Searcher
 from tests.conftest import shared
 
 

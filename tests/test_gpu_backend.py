@@ -11,13 +11,15 @@ import torch
 
 from indexer.reader import IndexReader
 from indexer.writer import BuildOptions, build_index_from_documents
-from ragserve.backends.cpu import CpuBackend
-from ragserve.backends.gpu import GpuBackend
-from ragserve.backends import gpu_tiles
-from ragserve.backends.gpu_tiles import triton_available
-from ragserve.backends.gpu_plan import MemoryPlanError, plan_memory
-from ragserve import bm25
-from ragserve.searcher import SearchError, Searcher, resolve_backend_name
+from ragserve.kernels.cpu.backend import CpuBackend
+from ragserve.kernels.gpu.backend import GpuBackend
+from ragserve.kernels.gpu import tiles as gpu_tiles
+from ragserve.kernels.gpu.tiles import triton_available
+from ragserve.kernels.gpu.memory import MemoryPlanError, plan_memory
+from indexer import bm25
+from ragserve.kernels.contract import SearchError
+from ragserve.kernels.registry import resolve_backend_name
+from ragserve.retrieval.searcher import Searcher
 from tests.conftest import shared
 
 KS = (1, 10, 100, 1000)
@@ -285,7 +287,7 @@ def test_cuda_streaming_and_auto(arguana, kernel):
 def test_tile_plan_orders_entries_canonically(hotpot):
     """The tiled kernel's host plan: every block entry of every (query, term), ordered by (query, block, term id)
     and grouped into (query, block) pairs, against a plain Python expansion (CPU only: no kernel involved)."""
-    from ragserve.backends.gpu_tiles import plan_tiles
+    from ragserve.kernels.gpu.tiles import plan_tiles
 
     reader, _, queries = hotpot
     planner = GpuBackend(reader, device="cpu").device_arrays()["planner"]
@@ -316,7 +318,7 @@ def test_tile_plan_orders_entries_canonically(hotpot):
 def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
     """The one-call plan of resident shards (``plan_queries``) is ``plan_tiles`` of the batch's items, with the shifts
     of ``flat_shift`` (none under ``term_order='ascending'``)."""
-    from ragserve.backends.gpu_tiles import plan_queries, plan_tiles
+    from ragserve.kernels.gpu.tiles import plan_queries, plan_tiles
 
     reader, _, queries = hotpot
     g = GpuBackend(reader, device="cpu", term_order="auto" if auto else "ascending")
@@ -338,7 +340,7 @@ def test_flat_shift_sums_are_exact(hotpot):
     norm the index holds), times 2^S, is an integer, n * max(w) * 2^S < 2^63, and the integer sums of random docs,
     rounded to f32 and scaled back, are the f32 of their f64 sums (the cpu backend's scores); queries whose f64 sums
     are not provably exact, and one-term queries, get 0."""
-    from ragserve.backends.gpu_tiles import flat_shift
+    from ragserve.kernels.gpu.tiles import flat_shift
 
     reader, _, queries = hotpot
     norms = np.unique(np.asarray(reader.norms))
@@ -375,7 +377,7 @@ def test_cuda_kth_largest_kernel():
     """The radix-select threshold kernel returns torch.topk's k-th largest value (ties, zeros, mostly zeros, one value
     throughout, k = n, k > n: 0), with a row in registers (n <= KTH_REG * KTH_THREADS) or partly read again each pass;
     it clears the 8-byte count it is given."""
-    from ragserve.backends import gpu_tiles_cuda as TC
+    from ragserve.kernels.gpu import tiles_cuda as TC
 
     dev = torch.device("cuda")
     kn = TC.TileKernels(2048, 128, dev)
@@ -406,7 +408,7 @@ def test_cuda_tile_bounds_kernel():
     where each tile's docs begin in an entry's postings as numpy's searchsorted does, for entries whose docs spread
     evenly, cluster in a few tiles, sit at one end or both, come in runs, or number 0, 1 or a few, at any offset from
     a sample."""
-    from ragserve.backends import gpu_tiles_cuda as TC
+    from ragserve.kernels.gpu import tiles_cuda as TC
 
     dev = torch.device("cuda")
     tile, tpb, tf_bits = 2048, 128, 8
@@ -446,8 +448,8 @@ def test_cuda_rank_candidates_kernel():
     descending, then doc ascending; heavy ties) to pinned host memory, the docs as int64 and the scores from word
     2 + room, and nothing else, for any count up to SORT_MAX; past SORT_MAX or past the candidates' room only the count.
     The candidates are left as they are."""
-    from ragserve.backends import gpu_tiles_cuda as TC
-    from ragserve.backends.cuda_rtc import StreamCopies
+    from ragserve.kernels.gpu import tiles_cuda as TC
+    from ragserve.kernels.gpu.rtc import StreamCopies
 
     dev = torch.device("cuda")
     kn = TC.TileKernels(2048, 128, dev)
@@ -481,7 +483,7 @@ def test_cuda_rank_candidates_kernel():
 @needs_cuda
 def test_cuda_current_stream_handle():
     """The raw accessor gives torch's current stream, also inside a ``torch.cuda.stream`` block."""
-    from ragserve.backends.cuda_rtc import current_stream
+    from ragserve.kernels.gpu.rtc import current_stream
 
     dev = torch.device("cuda", torch.cuda.current_device())
     assert current_stream(dev) == torch.cuda.current_stream(dev).cuda_stream
@@ -496,7 +498,7 @@ def test_cuda_current_stream_handle():
 def test_cuda_single_queries_ranked_on_the_device(hotpot, monkeypatch):
     """One query at a time, up to SORT_MAX candidates are ranked on the device (the host only reads the keys); past
     that the host ranks them. Both give the cpu backend's top-k."""
-    from ragserve.backends import gpu_tiles_cuda as TC
+    from ragserve.kernels.gpu import tiles_cuda as TC
 
     reader, cpu, queries = hotpot
     g = GpuBackend(reader, kernel="triton", max_batch=16)
@@ -590,7 +592,7 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
     """The scorer's running threshold, scanned every few tiles here: never above a row's k-th largest exact tile maximum
     (so no top-k doc is below it), raised, and every tile reaching it still writes its exact maximum; the top-k stays
     the cpu backend's, and the state is zero again after each search."""
-    from ragserve.backends import gpu_tiles_cuda as TC
+    from ragserve.kernels.gpu import tiles_cuda as TC
 
     reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
     queries = [q for q in queries if len(q)][:32]
@@ -628,7 +630,7 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
 def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragraphs_jsonl, tmp_path, monkeypatch):
     """The filter's bound (fast division, fixed-point sums) never falls under a tile's exact maximum: with the threshold
     set to exactly one of a row's exact tile maxima, every unit reaching it is listed, and few others are."""
-    from ragserve.backends import gpu_tiles_cuda as TC
+    from ragserve.kernels.gpu import tiles_cuda as TC
 
     reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
     queries = [q for q in queries if len(q)][:32]
@@ -676,8 +678,8 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
     """``plan_single``'s dense plan of one query: for every (doc block, query term) the entry of the host's plan, or a
     count of 0 where the term has no posting in the block; pairs are the blocks in order; its tile ranges are where
     each tile's docs begin in the entry's postings (numpy's searchsorted). Several shards (ArguAna's small banks)."""
-    from ragserve.backends import gpu_tiles_cuda as TC
-    from ragserve.backends.gpu_tiles import plan_queries
+    from ragserve.kernels.gpu import tiles_cuda as TC
+    from ragserve.kernels.gpu.tiles import plan_queries
 
     for reader, _, queries in (arguana, hotpot):
         g = GpuBackend(reader, kernel="triton", max_batch=8)
@@ -723,8 +725,8 @@ def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypa
     """One query at a time: up to QMAX terms planned on the device and run as one graph launch (captured once for each k
     and BM25 parameters; launch by launch when stage times are asked for), more on the host; all give the cpu backend's
     top-k, with the sums in any order or term after term."""
-    from ragserve.backends import gpu_tiles_cuda as TC
-    from ragserve.searcher import KernelTimes
+    from ragserve.kernels.gpu import tiles_cuda as TC
+    from ragserve.kernels.contract import StageTimes
 
     reader, cpu, queries = arguana
     qs = [q for q in queries if 0 < len(q) <= TC.QMAX][:20]
@@ -745,7 +747,7 @@ def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypa
             for q in qs + [long_q]:
                 assert cpu.search_terms([q], k, k1, b)[0].same_as(g.search_terms([q], k, k1, b)[0]), k
             for q in qs[:4]:
-                times = KernelTimes()
+                times = StageTimes()
                 assert cpu.search_terms([q], k, k1, b)[0].same_as(g.search_terms([q], k, k1, b, times)[0]), k
                 assert times.relevancy > 0
             assert host == [1]  # only the long query
@@ -775,7 +777,7 @@ def test_sample_step(monkeypatch):
 def test_host_ranking_of_candidates():
     """The tiled path's host ranking: candidates (row * num_docs + doc, score bits) in any order, per row by score
     descending then doc ascending, cut at k (rows with fewer than k, or none, included)."""
-    from ragserve.backends.gpu_tiles import _rank_host
+    from ragserve.kernels.gpu.tiles import _rank_host
 
     rng = np.random.default_rng(7)
     rows, num_docs, k = 5, 1000, 7

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from indexer.reader import IndexReader
-from ragserve.searcher import Searcher
+from ragserve.retrieval.searcher import Searcher
 from tests.conftest import shared
 
 KS = (1, 10, 100, 1000)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ragserve.peers import lucene, parity
+from tools.peers import lucene, parity
 from ragserve.topics import read_qrels, read_queries
 from tests.conftest import shared
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ragserve.cli import main
-from ragserve.searcher import Searcher
+from ragserve.retrieval.searcher import Searcher
 from tests import rag_support as S
 from tests.conftest import shared
 

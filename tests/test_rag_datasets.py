@@ -9,7 +9,7 @@ import pytest
 from ragserve.rag.corpus import dataset_passages
 from ragserve.rag.datasets import DatasetError, read_dataset, sniff_format
 from ragserve.rag.prompts import PROMPTS_DIR, PromptBuilder, PromptError, load_exemplars, parse_exemplars
-from ragserve.searcher import Hit
+from ragserve.retrieval.searcher import Hit
 from tests.conftest import shared
 
 

@@ -12,7 +12,7 @@ from ragserve.rag.flare import masked_query
 from ragserve.rag.methods import METHOD_NAMES, build_method
 from ragserve.rag.prompts import PromptBuilder, load_exemplars
 from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
-from ragserve.searcher import Searcher
+from ragserve.retrieval.searcher import Searcher
 from tests import rag_support as S
 
 QUESTIONS = 2

@@ -15,7 +15,7 @@ import requests
 
 from ragserve.rag.methods import METHOD_NAMES, build_method
 from ragserve.rag.prompts import PromptBuilder, load_exemplars
-from ragserve.searcher import Searcher
+from ragserve.retrieval.searcher import Searcher
 from tests import rag_support
 from tests.serverproc import run_load_test, start_model_server, wait_until
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from ragserve.searcher import Searcher
+from ragserve.retrieval.searcher import Searcher
 from tests.serverproc import ServerProcess, run_load_test
 
 MAX_QUERY_CHARS = 300

@@ -20,7 +20,7 @@ from indexer import layout as L
 from indexer.analyzer import Analyzer
 from indexer.reader import IndexReader, InvalidIndexError
 from indexer.writer import BuildError, BuildOptions, build_index_from_documents
-from ragserve import bm25
+from indexer import bm25
 
 
 @dataclass

@@ -9,9 +9,9 @@ import json
 import sys
 
 from indexer.reader import IndexReader
-from ragserve.backends import gpu_tiles
-from ragserve.backends.gpu import GpuBackend
-from ragserve.searcher import Searcher
+from ragserve.kernels.gpu import tiles as gpu_tiles
+from ragserve.kernels.gpu.backend import GpuBackend
+from ragserve.retrieval.searcher import Searcher
 from ragserve.topics import read_queries
 
 

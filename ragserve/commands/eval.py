@@ -106,7 +106,8 @@ def _retriever(args: argparse.Namespace):
     from indexer.reader import InvalidIndexError
     from ragserve.rag.generator import GeneratorError
     from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
-    from ragserve.searcher import SearchError, Searcher
+    from ragserve.kernels.contract import SearchError
+    from ragserve.retrieval.searcher import Searcher
 
     try:
         searcher = Searcher(args.index, backend=args.backend)

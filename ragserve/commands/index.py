@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from indexer.readers import CorpusError
     from indexer.writer import BuildError, BuildOptions, build_index
-    from ragserve.bm25 import check_params
+    from indexer.bm25 import check_params
 
     for path in args.inputs:
         if not os.path.exists(path):

@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _searcher(args: argparse.Namespace):
     from indexer.reader import InvalidIndexError
-    from ragserve.searcher import SearchError, Searcher
+    from ragserve.kernels.contract import SearchError
+    from ragserve.retrieval.searcher import Searcher
 
     opts: dict = {}
     if args.xclbin:
@@ -50,7 +51,8 @@ def _searcher(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragserve.searcher import MAX_K, SearchError
+    from ragserve.kernels.contract import SearchError
+    from ragserve.retrieval.searcher import MAX_K
 
     if (args.query is None) == (args.queries is None):
         raise CliError("give either a QUERY or --queries FILE")

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from ragserve.searcher import MAX_K
+    from ragserve.retrieval.searcher import MAX_K
     from ragserve.server.config import ServerConfig
 
     if not 1 <= args.max_k <= MAX_K:
@@ -78,7 +78,8 @@ def _config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from indexer.reader import InvalidIndexError
-    from ragserve.searcher import SearchError, Searcher
+    from ragserve.kernels.contract import SearchError
+    from ragserve.retrieval.searcher import Searcher
     from ragserve.server.app import create_app
     from ragserve.server.auth import is_loopback_host
     from ragserve.server.metrics import ServerMetrics

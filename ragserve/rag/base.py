@@ -10,11 +10,12 @@ from ragserve.rag.metrics import extract_answer
 from ragserve.rag.prompts import PromptBuilder
 from ragserve.rag.text import has_answer, join_text
 from ragserve.rag.trace import Step, Trace
-from ragserve.searcher import Hit, StageTimes
+from ragserve.kernels.contract import StageTimes
+from ragserve.retrieval.searcher import Hit
 
 
 class Retriever(Protocol):
-    """``ragserve.searcher.Searcher`` or anything with its ``search`` signature (the two-stage reranker)."""
+    """``ragserve.retrieval.searcher.Searcher`` or anything with its ``search`` signature (the two-stage reranker)."""
 
     def search(self, query: str, k: int = 10, *, times: StageTimes | None = None) -> list[Hit]: ...
 

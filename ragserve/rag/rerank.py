@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from ragserve.rag.generator import GeneratorError, resolve_device
-from ragserve.searcher import Hit, SearchError, Searcher, StageTimes
+from ragserve.kernels.contract import SearchError, StageTimes
+from ragserve.retrieval.searcher import Hit, Searcher
 
 
 class CrossEncoder:

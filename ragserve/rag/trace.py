@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ragserve.searcher import Hit, StageTimes
+from ragserve.kernels.contract import StageTimes
+from ragserve.retrieval.searcher import Hit
 
 STAGES = ("prepare", "relevancy", "retrieval", "apply")
 

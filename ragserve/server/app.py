@@ -10,7 +10,8 @@ from flask import Flask, Response, g, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from ragserve import __version__
-from ragserve.searcher import Searcher, backend_names, get_backend_class
+from ragserve.kernels.registry import backend_names, get_backend_class
+from ragserve.retrieval.searcher import Searcher
 from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
 from ragserve.server.errors import ApiError

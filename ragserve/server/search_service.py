@@ -6,7 +6,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from ragserve.searcher import Hit, Searcher, SearchError, StageTimes
+from ragserve.kernels.contract import SearchError, StageTimes
+from ragserve.retrieval.searcher import Hit, Searcher
 from ragserve.server.errors import ApiError, invalid
 from ragserve.server.metrics import ServerMetrics
 from ragserve.server.validation import SearchRequest

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ragserve.bm25 import QueryTerms
+from indexer.bm25 import QueryTerms
 
 
 @dataclass

@@ -15,8 +15,8 @@ import numpy as np
 
 from indexer.reader import IndexReader
 from ragserve.ireval import evaluate
-from ragserve.peers import agreement, lucene
-from ragserve.searcher import Searcher
+from tools.peers import agreement, lucene
+from ragserve.retrieval.searcher import Searcher
 from ragserve.topics import Query
 
 Run = dict[str, list[tuple[str, float]]]

@@ -29,14 +29,14 @@ import numpy as np
 import torch
 
 from indexer.reader import IndexReader
-from ragserve import bm25
-from ragserve.backends import gpu_kernels as K
-from ragserve.backends import gpu_tiles as T
-from ragserve.backends.gpu_items import ItemPlanner, Items
-from ragserve.backends.gpu_plan import MemoryPlan, MemoryPlanError, plan_memory
-from ragserve.backends.gpu_topk import METHODS as TOPK_METHODS, select_topk
-from ragserve.bm25 import QueryTerms
-from ragserve.searcher import Backend, KernelTimes, SearchError, TopK
+from indexer import bm25
+from ragserve.kernels.gpu import dense as K
+from ragserve.kernels.gpu import tiles as T
+from ragserve.kernels.gpu.planning import ItemPlanner, Items
+from ragserve.kernels.gpu.memory import MemoryPlan, MemoryPlanError, plan_memory
+from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS, select_topk
+from indexer.bm25 import QueryTerms
+from ragserve.kernels.contract import Backend, StageTimes, SearchError, TopK
 
 BOUNCE_ELEMS = 16 << 20  # host->device uploads go through a pinned buffer of this many 4-byte words
 DEFAULT_BUDGET_FRACTION = 0.9  # of the free device memory, when no memory_bytes is given
@@ -248,7 +248,7 @@ class GpuBackend(Backend):
         return self._acc[:rows]
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
-                     times: KernelTimes | None = None) -> list[TopK]:
+                     times: StageTimes | None = None) -> list[TopK]:
         if len(queries) == 1 and times is None and self._tiles is not None and self._tiles.plans_on_device(queries[0]):
             return [self._search_one(queries[0], k, k1, b)]
         todo = [i for i, q in enumerate(queries) if len(q)]
@@ -278,7 +278,7 @@ class GpuBackend(Backend):
         return tiles.finish_topk(lambda: self._launch_chunk((1, query, None, shift), cache, k))[0][0]
 
     def _search_dense(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
-                      times: KernelTimes | None) -> list[list[TopK]]:
+                      times: StageTimes | None) -> list[list[TopK]]:
         out = []
         for qs in batches:
             t0 = time.perf_counter()
@@ -289,11 +289,11 @@ class GpuBackend(Backend):
             out.append(select_topk(acc, k, self.topk))
             if times is not None:
                 times.relevancy += t1 - t0
-                times.topk += time.perf_counter() - t1
+                times.retrieval += time.perf_counter() - t1
         return out
 
     def _search_tiled(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
-                      times: KernelTimes | None) -> list[list[TopK]]:
+                      times: StageTimes | None) -> list[list[TopK]]:
         """Batches in a pipeline: while the device scores batch n, the host plans batch n + 1 and queues it
         behind batch n's selection, then ranks batch n's candidates while the device scores batch n + 1."""
         if not batches:
@@ -329,7 +329,7 @@ class GpuBackend(Backend):
         if times is not None:  # relevancy: the scoring; topk: the rest (planning, selection, ranking)
             relevancy = sum(a.elapsed_time(b) for a, b in scored) / 1e3 if timed else host_scoring[0]
             times.relevancy += relevancy
-            times.topk += max(0.0, time.perf_counter() - t_start - relevancy)
+            times.retrieval += max(0.0, time.perf_counter() - t_start - relevancy)
         return out
 
     def matched_counts(self, queries: list[QueryTerms], k1: float, b: float) -> np.ndarray:

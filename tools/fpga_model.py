@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from indexer.reader import IndexReader
-from ragserve.backends.fpga_host import CACHE_SIZE, NUM_STATS, STAT_NAMES
-from ragserve.bm25 import QueryTerms
+from ragserve.kernels.fpga.host import CACHE_SIZE, NUM_STATS, STAT_NAMES
+from indexer.bm25 import QueryTerms
 
 S = {name: i for i, name in enumerate(STAT_NAMES)}
 POSTINGS_PER_WORD = 16

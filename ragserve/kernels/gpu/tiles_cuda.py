@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from ragserve.backends.cuda_rtc import CudaModule
+from ragserve.kernels.gpu.rtc import CudaModule
 
 THREADS = 128  # threads per block: a tile's term has ~0-1,000 postings
 MAX_TERMS = 64  # entries whose ranges sit in shared memory at once (the flat path's prefix sum: 2 per lane)

@@ -1,4 +1,4 @@
-"""One ``Searcher`` interface over interchangeable retrieval backends (a registry, as vLLM does for attention).
+"""``Searcher``: BM25 retrieval from one index over any registered backend of the kernel library.
 
 A search is the memory pipeline's first three stages:
 prepare (analyse the query into weighted terms) -> compute relevancy (BM25 scoring, backend kernel)
@@ -8,22 +8,18 @@ prepare (analyse the query into weighted terms) -> compute relevancy (BM25 scori
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
 
 import numpy as np
 
+from indexer import bm25
+from indexer.bm25 import QueryTerms
 from indexer.reader import IndexReader
-from ragserve import bm25
-from ragserve.bm25 import QueryTerms
+from ragserve.kernels.contract import SearchError, StageTimes, TopK
+from ragserve.kernels.registry import get_backend_class, resolve_backend_name
 
 MAX_K = 10_000
-
-
-class SearchError(ValueError):
-    """Bad search input (empty query, k out of range, bad k1/b): callers turn it into a 4xx / exit 2."""
 
 
 @dataclass
@@ -36,128 +32,6 @@ class Hit:
 
     def to_dict(self) -> dict:
         return {"id": self.id, "docid": self.docid, "score": self.score, "title": self.title, "text": self.text}
-
-
-@dataclass
-class StageTimes:
-    """Seconds spent in each stage of the memory pipeline (summed over calls when reused)."""
-
-    prepare: float = 0.0
-    relevancy: float = 0.0
-    retrieval: float = 0.0
-    apply: float = 0.0
-
-    def add(self, other: "StageTimes") -> None:
-        self.prepare += other.prepare
-        self.relevancy += other.relevancy
-        self.retrieval += other.retrieval
-        self.apply += other.apply
-
-    def to_dict(self) -> dict:
-        return {"prepare": self.prepare, "relevancy": self.relevancy, "retrieval": self.retrieval, "apply": self.apply}
-
-
-@dataclass
-class TopK:
-    """A backend's answer for one query: internal docids and f32 scores, best first."""
-
-    docids: np.ndarray  # int64
-    scores: np.ndarray  # float32
-
-    def same_as(self, other: "TopK") -> bool:
-        """The same docids and the same score bits: the parity every backend is held to."""
-        return (np.array_equal(self.docids, other.docids)
-                and np.array_equal(self.scores.view(np.uint32), other.scores.view(np.uint32)))
-
-
-@dataclass
-class KernelTimes:
-    relevancy: float = 0.0
-    topk: float = 0.0
-
-
-class Backend(ABC):
-    """A retrieval engine over one index layout. Subclasses register with ``@register_backend``."""
-
-    name: ClassVar[str]
-
-    def __init__(self, index: IndexReader, **options) -> None:
-        self.index = index
-
-    @classmethod
-    def is_available(cls) -> tuple[bool, str]:
-        """(usable here, reason if not)."""
-        return True, ""
-
-    @abstractmethod
-    def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
-                     times: KernelTimes | None = None) -> list[TopK]:
-        """Exact BM25 top-k of each analysed query, scores as ``indexer/FORMAT.md`` defines them."""
-
-    def describe(self) -> dict:
-        return {"backend": self.name}
-
-    def close(self) -> None:
-        """Release device memory or handles."""
-
-
-_REGISTRY: dict[str, Callable[[], type[Backend]]] = {}
-
-
-def register_backend(name: str, loader: Callable[[], type[Backend]]) -> None:
-    """Register a backend lazily: ``loader`` imports its module only when the backend is used."""
-    _REGISTRY[name] = loader
-
-
-def backend_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def get_backend_class(name: str) -> type[Backend]:
-    if name not in _REGISTRY:
-        raise SearchError(f"unknown backend {name!r}; choose one of: {', '.join(backend_names())}, auto")
-    return _REGISTRY[name]()
-
-
-def resolve_backend_name(name: str) -> str:
-    """``auto`` picks the GPU backend when a GPU is usable, else the CPU backend."""
-    if name != "auto":
-        return name
-    if "gpu" in _REGISTRY:
-        ok, _ = get_backend_class("gpu").is_available()
-        if ok:
-            return "gpu"
-    return "cpu"
-
-
-def _load_cpu() -> type[Backend]:
-    from ragserve.backends.cpu import CpuBackend
-    return CpuBackend
-
-
-register_backend("cpu", _load_cpu)
-
-
-def _load_gpu() -> type[Backend]:
-    from ragserve.backends.gpu import GpuBackend
-    return GpuBackend
-
-
-register_backend("gpu", _load_gpu)
-
-
-def _load_fpga() -> type[Backend]:
-    from ragserve.backends.fpga import FpgaBackend
-    return FpgaBackend
-
-
-def _load_fpga_sim() -> type[Backend]:
-    from ragserve.backends.fpga_sim import FpgaSimBackend
-    return FpgaSimBackend
-
-
-register_backend("fpga", _load_fpga)
-register_backend("fpga-sim", _load_fpga_sim)
 
 
 class Searcher:
@@ -220,14 +94,13 @@ class Searcher:
         t0 = time.perf_counter()
         analysed = [self.analyze(q) for q in queries]
         t1 = time.perf_counter()
-        kt = KernelTimes()
+        kt = StageTimes()
         results = self.backend.search_terms(analysed, int(k), k1, b, kt)
         t2 = time.perf_counter()
         hits = [self.hits(r, with_text) for r in results]
         t3 = time.perf_counter()
         if times is not None:
-            times.add(StageTimes(prepare=t1 - t0, relevancy=kt.relevancy or (t2 - t1 - kt.topk),
-                                 retrieval=kt.topk + (t3 - t2)))
+            times.add(StageTimes(prepare=t1 - t0, relevancy=kt.relevancy, retrieval=kt.retrieval + (t3 - t2)))
         return hits
 
     def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,

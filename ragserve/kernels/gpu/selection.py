@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ragserve.searcher import TopK
+from ragserve.kernels.contract import TopK
 
 TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
 GROUP = 32

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from indexer.reader import IndexReader
-from ragserve import bm25
-from ragserve.bm25 import QueryTerms
-from ragserve.searcher import Backend, KernelTimes, SearchError, TopK
+from indexer import bm25
+from indexer.bm25 import QueryTerms
+from ragserve.kernels.contract import Backend, StageTimes, SearchError, TopK
 
 # Mirrors hls_bm25/bm25_topk.h.
 MAX_K = 1024
@@ -192,7 +192,7 @@ class FpgaHostBackend(Backend):
                 self.block_bits, self.tf_bits)
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
-                     times: KernelTimes | None = None) -> list[TopK]:
+                     times: StageTimes | None = None) -> list[TopK]:
         if not 1 <= k <= MAX_K:
             raise SearchError(f"the FPGA kernel returns at most k={MAX_K} hits per launch, got k={k}")
         cache = bm25.norm_cache(k1, b, self.index.avgdl)
@@ -211,7 +211,7 @@ class FpgaHostBackend(Backend):
         self.last_stats = np.concatenate(stats) if stats else np.zeros((0, len(self.shards), NUM_STATS), np.uint32)
         if times is not None:
             times.relevancy += t_launch
-            times.topk += t_merge
+            times.retrieval += t_merge
         return out
 
     def describe(self) -> dict:

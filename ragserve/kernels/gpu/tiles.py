@@ -47,13 +47,13 @@ import numpy as np
 import torch
 from numba import njit
 
-from ragserve import bm25
-from ragserve.backends import gpu_tiles_cuda as TC
-from ragserve.backends.cuda_rtc import RtcError, StreamCopies, current_stream
-from ragserve.backends.gpu_items import ItemPlanner, Items
-from ragserve.backends.gpu_topk import TINY, ranked
-from ragserve.bm25 import QueryTerms
-from ragserve.searcher import TopK
+from indexer import bm25
+from ragserve.kernels.gpu import tiles_cuda as TC
+from ragserve.kernels.gpu.rtc import RtcError, StreamCopies, current_stream
+from ragserve.kernels.gpu.planning import ItemPlanner, Items
+from ragserve.kernels.gpu.selection import TINY, ranked
+from indexer.bm25 import QueryTerms
+from ragserve.kernels.contract import TopK
 
 try:
     import triton

@@ -9,7 +9,6 @@ order unless the query's f64 sums are exact in any order.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 M32 = 0xFFFFFFFF

@@ -15,7 +15,7 @@ from types import ModuleType
 import numpy as np
 
 from indexer.reader import IndexReader
-from ragserve.backends.fpga_host import DEFAULT_BATCH, FpgaHostBackend, FpgaUnavailableError, LaunchResult, QueryBatch
+from ragserve.kernels.fpga.host import DEFAULT_BATCH, FpgaHostBackend, FpgaUnavailableError, LaunchResult, QueryBatch
 
 KERNEL = "bm25_topk"
 MAX_CUS = 32  # one per HBM pseudo-channel of the U55C

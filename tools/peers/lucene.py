@@ -49,7 +49,7 @@ def start_jvm(heap: str = DEFAULT_HEAP) -> None:
     # pyserini.encode builds an OpenAI client at import time; a placeholder key lets it import (nothing is sent).
     os.environ.setdefault("OPENAI_API_KEY", "placeholder-not-used")
     if jnius_config.vm_running:
-        raise LuceneError("the JVM was started before ragserve.peers.lucene.start_jvm (import pyserini after it)")
+        raise LuceneError("the JVM was started before tools.peers.lucene.start_jvm (import pyserini after it)")
     # Lucene 9 frees mmapped files through sun.misc.Unsafe; Java 25 warns about it on every start unless allowed.
     jnius_config.set_options(f"-Xmx{heap}", "--sun-misc-unsafe-memory-access=allow")
     jnius_config.set_classpath(str(anserini_jar()))

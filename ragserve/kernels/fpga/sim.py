@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from indexer.reader import IndexReader
-from ragserve.backends.fpga_host import (DEFAULT_BATCH, FpgaHostBackend, FpgaUnavailableError,
+from ragserve.kernels.fpga.host import (DEFAULT_BATCH, FpgaHostBackend, FpgaUnavailableError,
                                          LaunchResult, QueryBatch)
 
-HLS_DIR = Path(__file__).resolve().parents[2] / "hls_bm25"
+HLS_DIR = Path(__file__).resolve().parents[3] / "hls_bm25"
 SOURCES = ("bm25_topk.cpp", "bm25_topk.h", "shim/hls_stream.h")
 # Same flags as the Makefile's `lib` target. -ffp-contract=off keeps 1 + tf * cache two rounded operations.
 CXXFLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-ffp-contract=off", "-Wno-unknown-pragmas")

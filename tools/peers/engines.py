@@ -71,7 +71,7 @@ class Ragserve(Engine):
         return {"postings": m["stats"]["num_postings"], "vocab": m["stats"]["vocab_size"]}
 
     def open(self, out):
-        from ragserve.searcher import Searcher
+        from ragserve.retrieval.searcher import Searcher
 
         self.searcher = Searcher(out, backend="cpu", threads=self.threads)
 
@@ -89,7 +89,7 @@ class Pyserini(Engine):
     name = "pyserini"
 
     def build(self, docs, out, corpus):
-        from ragserve.peers import lucene
+        from tools.peers import lucene
 
         # Anserini's BEIR collection reads ``_id``; IndexCollection runs one thread per input file, so the
         # corpus is written out as one BEIR file per thread (not timed: format preparation).
@@ -110,7 +110,7 @@ class Pyserini(Engine):
         return {"index_seconds": secs}
 
     def open(self, out):
-        from ragserve.peers import lucene
+        from tools.peers import lucene
 
         self.ref = lucene.LuceneRef(out, K1, B)
         self.searcher = self.ref.pyserini

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ragserve.searcher import SearchError
+from ragserve.kernels.contract import SearchError
 
 # Per doc and accumulator row: f64 accumulator (8), f32 scores (4), three bool masks (3), top-k scratch (4).
 ROW_BYTES_PER_DOC = 19

@@ -1,0 +1,91 @@
+"""What every retrieval backend shares: the ``Backend`` interface, its result (``TopK``), stage timings and errors.
+
+The memory pipeline's stages, and where each backend draws the line between the two it times:
+- prepare: analysing the query into weighted terms (the searcher; backends never time it);
+- relevancy: the device's scoring pass, with whatever running selection is fused into it (the CPU's block heap,
+  the GPU's running threshold, the FPGA kernel's on-chip top-k);
+- retrieval: everything after it up to the ranked ids and scores (the k-th score, collecting and ranking the
+  candidates, the read-back, merging shards), and then fetching the passages (the searcher);
+- apply: building the prompt and generating (the RAG loop).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from indexer.bm25 import QueryTerms
+from indexer.reader import IndexReader
+
+
+class SearchError(ValueError):
+    """Bad search input (empty query, k out of range, bad k1/b): callers turn it into a 4xx / exit 2."""
+
+
+@dataclass
+class StageTimes:
+    """Seconds spent in each stage of the memory pipeline (summed over calls when reused)."""
+
+    prepare: float = 0.0
+    relevancy: float = 0.0
+    retrieval: float = 0.0
+    apply: float = 0.0
+
+    def add(self, other: "StageTimes") -> None:
+        self.prepare += other.prepare
+        self.relevancy += other.relevancy
+        self.retrieval += other.retrieval
+        self.apply += other.apply
+
+    def to_dict(self) -> dict:
+        return {"prepare": self.prepare, "relevancy": self.relevancy, "retrieval": self.retrieval, "apply": self.apply}
+
+
+@dataclass
+class TopK:
+    """A backend's answer for one query: internal docids and f32 scores, best first."""
+
+    docids: np.ndarray  # int64
+    scores: np.ndarray  # float32
+
+    def same_as(self, other: "TopK") -> bool:
+        """The same docids and the same score bits: the parity every backend is held to."""
+        return (np.array_equal(self.docids, other.docids)
+                and np.array_equal(self.scores.view(np.uint32), other.scores.view(np.uint32)))
+
+
+class Backend(ABC):
+    """A retrieval engine over one index layout, registered by name in ``ragserve.kernels.registry``.
+
+    ``thread_safe`` says whether two threads may call ``search_terms`` at once. Backends that keep per-call
+    device state (GPU buffers and graphs, the FPGA's on-chip accumulator) are not, and their callers go
+    through one queue per backend (``ragserve.retrieval.queue``).
+    """
+
+    name: ClassVar[str]
+    thread_safe: ClassVar[bool] = False
+
+    def __init__(self, index: IndexReader, **options) -> None:
+        self.index = index
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        """(usable here, reason if not)."""
+        return True, ""
+
+    @abstractmethod
+    def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
+                     times: StageTimes | None = None) -> list[TopK]:
+        """Exact BM25 top-k of each analysed query, scores as ``indexer/FORMAT.md`` defines them.
+
+        ``times``, when given, gains this call's ``relevancy`` and ``retrieval`` seconds (see the module's
+        docstring for where the line falls); timing must never change the path a query takes.
+        """
+
+    def describe(self) -> dict:
+        return {"backend": self.name}
+
+    def close(self) -> None:
+        """Release device memory or handles."""
