@@ -61,3 +61,9 @@ def probe_entry(postings, lo, hi, w, cache, norms, base, acc, cands, n_c, shift,
         if (postings[a] >> shift) == target:
             off = np.int64(target)
             acc[off] += np.float64(_term_score(w, postings[a] & mask, cache[norms[base + off]]))
+
+
+def inner_product(queries: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Relevancy of dense vectors: ``scores[i, j] = queries[i] . keys[j]`` in f32 (BLAS), shape [m, n]."""
+    q = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+    return q @ np.asarray(keys, dtype=np.float32).T

@@ -140,3 +140,23 @@ def prune_candidates(acc, src, n_src, remaining, local_theta, heap_full, heap_th
         else:
             acc[off] = 0.0
     return n
+
+
+def topk_rows(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k of each row of ``scores`` [m, n]: (indices int64, values) [m, min(k, n)], best first.
+
+    Ties are broken by position (the smaller index first), so every device selects the same entries.
+    """
+    s = np.atleast_2d(np.asarray(scores))
+    m, n = s.shape
+    k = min(int(k), n)
+    if k <= 0:
+        return np.zeros((m, 0), np.int64), np.zeros((m, 0), s.dtype)
+    kth = np.partition(s, n - k, axis=1)[:, n - k:n - k + 1]
+    gt = s > kth
+    eq = s == kth
+    take = gt | (eq & (np.cumsum(eq, axis=1) <= k - gt.sum(axis=1, keepdims=True)))
+    idx = np.nonzero(take)[1].reshape(m, k)  # row-major: ascending positions within each row
+    vals = np.take_along_axis(s, idx, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")  # stable: equal values keep ascending positions
+    return np.take_along_axis(idx, order, axis=1).astype(np.int64), np.take_along_axis(vals, order, axis=1)

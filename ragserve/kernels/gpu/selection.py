@@ -55,3 +55,25 @@ def select_topk(acc: torch.Tensor, k: int, method: str = "blockmax") -> list[Top
     # Only matched docs (score > 0) rank; a row with fewer than k of them keeps them all.
     r, d = (scores >= kth.clamp_min(TINY)[:, None]).nonzero(as_tuple=True)  # row-major, docid ascending
     return ranked(rows, k, r, d, scores[r, d])
+
+
+def topk_rows(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of each row of ``scores`` [m, n]: (indices int64, values) [m, min(k, n)], best first.
+
+    ``torch.topk`` gives the k-th value; its tie order is arbitrary, so the entries are chosen again by rule:
+    all above the k-th, then the first (by position) of those equal to it, as ``cpu.selection.topk_rows``.
+    """
+    s = scores if scores.dim() == 2 else scores[None]
+    m, n = s.shape
+    k = min(int(k), n)
+    if k <= 0:
+        return torch.zeros((m, 0), dtype=torch.int64, device=s.device), s[:, :0]
+    kth = torch.topk(s, k, dim=1, largest=True, sorted=False).values.amin(dim=1, keepdim=True)
+    gt = s > kth
+    eq = s == kth
+    need = k - gt.sum(dim=1, keepdim=True)
+    take = gt | (eq & (torch.cumsum(eq, dim=1, dtype=torch.int32) <= need))
+    idx = take.nonzero(as_tuple=True)[1].view(m, k)  # row-major: ascending positions within each row
+    vals = torch.gather(s, 1, idx)
+    vals, order = torch.sort(vals, dim=1, descending=True, stable=True)
+    return torch.gather(idx, 1, order), vals
