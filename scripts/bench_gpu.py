@@ -1,27 +1,33 @@
-"""GPU backend benchmark: gpu vs cpu backend vs a naive torch scorer, against the memory-bandwidth floor.
+"""GPU backend benchmark: gpu vs cpu backend vs a naive torch scorer, against the postings-read floor.
 
     python scripts/bench_gpu.py --real arguana IDX TOPICS --real hotpot IDX TOPICS --json out.json
     python scripts/bench_gpu.py --synth dpr21m 21000000 --synth-topics nq=NQ_TOPICS msmarco=MSMARCO_TOPICS \
         --reference REF_IDX --workdir /tmp/synth --json out.json
 (``scripts/gpu_bench_inputs.py`` builds the real indexes and the reference index.)
 
-One run measures the device copy bandwidth once (a device-to-device copy, bytes read + written), then per
-corpus and query set:
-- the bytes each query must move at least: its postings (4 B each), the norm gathered per posting (1 B),
-  the f64 accumulator read-modify-write per posting (16 B), one read of each matched document's score for the
-  top-k (8 B) and the result (12 B a hit); its floor is those bytes over the copy bandwidth;
-- single-query latency (p50/p99, end to end: planning, kernels, top-k, results on the host) of the gpu backend,
-  the cpu backend and a naive torch scorer (per term and shard: decode, gather norms, ``index_add_`` into a
-  dense f64 accumulator; then ``torch.topk``), and latency / floor;
+One run measures the card's memory rate once: a device-to-device copy (bytes read + written a second) and a
+read-only sum (bytes read a second); the floor takes the higher, so it stays a lower bound. Then per corpus and
+query set:
+- the postings floor of each query: every posting of its terms read once, 4 B each (the packed u32 the device
+  holds, ``indexer/FORMAT.md``), over that rate. This backend reads every such posting (its thresholds skip
+  read-outs, never postings); norms, accumulators and results are left out, since a kernel can keep them on chip;
+- single-query latency (end to end: planning, kernels, top-k, results on the host) of the gpu backend, the cpu
+  backend and a naive torch scorer (per term and shard: decode, gather norms, ``index_add_`` into a dense f64
+  accumulator; then ``torch.topk``), per query class: all queries, the largest 10% by postings and the smallest
+  10%, each as p50 and as the median of latency / postings floor; the smallest class's p50 is the per-query fixed
+  cost (launches, planning, top-k and host work that do not grow with the postings);
 - batched throughput (queries/s): the gpu backend in batches of ``--batch`` queries, the cpu backend with one
-  thread per core over its (smaller) query sample, the naive scorer one query at a time;
+  thread per logical CPU (the CPU's model and count are recorded) over its (smaller) query sample, the naive
+  scorer one query at a time;
 - parity: the gpu backend's ids and score bits against the cpu backend's, on the cpu sample.
 ``--synth`` writes a synthetic index straight into the layout (``scripts/synth_layout.py``) and maps the real
-topics onto its vocabulary by df rank first. Results go to ``--json``; a table is printed last.
+topics onto its vocabulary by df rank first. Results go to ``--json`` (compact, with the per-query postings
+and gpu latencies); a table is printed last.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -53,31 +59,54 @@ def log(msg: str) -> None:
     print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
 
 
-def copy_bandwidth(device: torch.device, nbytes: int = 4 << 30, reps: int = 10) -> float:
-    """Device-to-device copy rate, bytes read + written per second (median of ``reps``)."""
-    cuda = device.type == "cuda"
-    if not cuda:
-        nbytes, reps = min(nbytes, 256 << 20), 3  # a dry run on the CPU: host memcpy
-    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
-    y = torch.empty_like(x)
-    y.copy_(x)
+# Bytes a posting occupies on the device: one packed u32 (offset in block << tf_bits | tf).
+POSTING_BYTES = 4
+# Query classes by postings: the largest and the smallest tenth of the timed sample.
+CLASS_SHARE = 0.1
+
+
+def _median_seconds(op, device: torch.device, reps: int) -> float:
+    op()  # warm-up
     times = []
     for _ in range(reps):
-        if cuda:
+        if device.type == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            y.copy_(x)
+            op()
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b) / 1e3)
         else:
             t = time.perf_counter()
-            y.copy_(x)
+            op()
             times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def memory_rates(device: torch.device, nbytes: int = 4 << 30, reps: int = 10) -> tuple[float, float]:
+    """(device-to-device copy, bytes read + written a second; read-only sum, bytes read a second), medians of
+    ``reps``. On the CPU (a dry run) host memory, 256 MiB."""
+    if device.type != "cuda":
+        nbytes, reps = min(nbytes, 256 << 20), 3
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    y = torch.empty_like(x)
+    copy = 2 * nbytes / _median_seconds(functools.partial(y.copy_, x), device, reps)
+    read = nbytes / _median_seconds(x.sum, device, reps)
     del x, y
-    if cuda:
+    if device.type == "cuda":
         torch.cuda.empty_cache()
-    return 2 * nbytes / float(np.median(times))
+    return copy, read
+
+
+def cpu_model() -> str:
+    """The host CPU's model name from /proc/cpuinfo (platform's processor string where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 class NaiveScorer:
@@ -113,6 +142,16 @@ def percentile(x, p: float) -> float:
     return float(np.percentile(np.asarray(x, dtype=np.float64), p)) if len(x) else float("nan")
 
 
+def by_class(lat: np.ndarray, floor_s: np.ndarray, classes: dict[str, np.ndarray]) -> dict:
+    """Per query class: queries, p50 latency (ms) and the median of latency / postings floor."""
+    out = {}
+    for name, sel in classes.items():
+        sel = sel[:lat.size]
+        out[name] = {"n": int(sel.sum()), "p50_ms": percentile(lat[sel] * 1e3, 50),
+                     "xfloor_p50": percentile(lat[sel] / floor_s[:lat.size][sel], 50)}
+    return out
+
+
 def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, device: torch.device, out: dict,
                  save) -> None:
     """Fill ``out`` (already in the report) with this corpus' measurements, saving after each k."""
@@ -144,20 +183,19 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
     n_single = min(args.single, len(analysed))
     sample = analysed[:n_single]
     postings = np.array([planner.items([q]).postings for q in sample], dtype=np.int64)
-    matched = g.matched_counts(sample, k1, b)
-    out["postings_per_query"] = {"p50": percentile(postings, 50), "p90": percentile(postings, 90),
-                                 "max": int(postings.max()) if postings.size else 0}
-    out["matched_per_query_p50"] = percentile(matched, 50)
-    large = postings >= np.percentile(postings, 90) if postings.size else np.zeros(0, bool)
-
-    def floor_bytes(k: int) -> np.ndarray:
-        return 21 * postings + 8 * matched + 12 * np.minimum(k, matched)
+    out["postings_per_query"] = {"p10": percentile(postings, 10), "p50": percentile(postings, 50),
+                                 "p90": percentile(postings, 90), "max": int(postings.max()) if postings.size else 0}
+    out["postings"] = postings.tolist()  # per timed query, so other floors can be computed from this file
+    floor_s = POSTING_BYTES * postings / bw
+    none = np.zeros(postings.size, bool)
+    classes = {"all": ~none,
+               "large": postings >= np.percentile(postings, 100 * (1 - CLASS_SHARE)) if postings.size else none,
+               "small": postings <= np.percentile(postings, 100 * CLASS_SHARE) if postings.size else none}
 
     res: dict = {}
     out["results"] = res
     for k in args.ks:
-        fb = floor_bytes(k)
-        r: dict = {"k": k, "floor_ms_p50": percentile(fb / bw * 1e3, 50)}
+        r: dict = {"k": k, "floor_ms": {c: percentile(floor_s[sel] * 1e3, 50) for c, sel in classes.items()}}
         # gpu single
         g.search_terms(sample[:3], k, k1, b)  # warm-up (kernel compilation)
         lat = []
@@ -166,10 +204,12 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
             g.search_terms([q], k, k1, b)
             lat.append(time.perf_counter() - t)
         lat = np.array(lat)
-        ratio = lat / (fb / bw)
+        cls = by_class(lat, floor_s, classes)
+        large = classes["large"]
         r["gpu"] = {"p50_ms": percentile(lat * 1e3, 50), "p99_ms": percentile(lat * 1e3, 99), "mean_ms": lat.mean() * 1e3,
-                    "floor_ratio_p50": percentile(ratio, 50), "floor_ratio_large_p50": percentile(ratio[large], 50),
-                    "large_achieved_GBps_p50": percentile(fb[large] / lat[large] / 1e9, 50)}
+                    "min_ms": float(lat.min() * 1e3), "classes": cls, "fixed_ms": cls["small"]["p50_ms"],
+                    "large_postings_GBps_p50": percentile(POSTING_BYTES * postings[large] / lat[large] / 1e9, 50),
+                    "latency_us": np.round(lat * 1e6, 1).tolist()}
         nb = min(args.batch_n, len(analysed))
         g.search_terms(analysed[:args.batch], k, k1, b)
         t = time.perf_counter()
@@ -178,7 +218,8 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
         r["gpu"]["batch_qps"] = nb / dt
         r["gpu"]["batch"] = args.batch
         log(f"{name} k={k} gpu: p50 {r['gpu']['p50_ms']:.3f} ms p99 {r['gpu']['p99_ms']:.3f} ms, "
-            f"floor x{r['gpu']['floor_ratio_p50']:.2f} (large x{r['gpu']['floor_ratio_large_p50']:.2f}), "
+            f"postings floor x{cls['all']['xfloor_p50']:.1f} (large x{cls['large']['xfloor_p50']:.1f}), "
+            f"fixed cost {r['gpu']['fixed_ms'] * 1e3:.0f} us, "
             f"batch {r['gpu']['batch_qps']:.0f} q/s")
         # stage split: one batch, and single queries (synchronised between the stages)
         kt = StageTimes()
@@ -218,11 +259,9 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
             naive.search(q, k, cache)
             lat_n.append(time.perf_counter() - t)
         lat_n = np.array(lat_n)
-        ratio_n = lat_n / (fb[:nn] / bw)
         r["naive"] = {"n": nn, "p50_ms": percentile(lat_n * 1e3, 50), "p99_ms": percentile(lat_n * 1e3, 99),
                       "mean_ms": lat_n.mean() * 1e3 if nn else float("nan"),
-                      "floor_ratio_p50": percentile(ratio_n, 50),
-                      "floor_ratio_large_p50": percentile(ratio_n[large[:nn]], 50),
+                      "classes": by_class(lat_n, floor_s, classes),
                       "batch_qps": nn / lat_n.sum() if nn else float("nan")}
         del naive
         # cpu
@@ -239,17 +278,17 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
             cres = cpu.search_terms(analysed[:nc], k, k1, b)
             dtc = time.perf_counter() - t
             mc = min(lat_c.size, n_single)
-            ratio_c = lat_c[:mc] / (fb[:mc] / bw)
             r["cpu"] = {"n": nc, "n_single": int(lat_c.size), "threads": cpu.threads,
                         "p50_ms": percentile(lat_c * 1e3, 50), "p99_ms": percentile(lat_c * 1e3, 99),
-                        "mean_ms": lat_c.mean() * 1e3, "floor_ratio_p50": percentile(ratio_c, 50),
+                        "mean_ms": lat_c.mean() * 1e3, "classes": by_class(lat_c[:mc], floor_s, classes),
                         "batch_qps": nc / dtc}
             same = [x.same_as(y) for x, y in zip(gres, cres)]
             r["parity"] = {"compared": len(same), "mismatches": len(same) - sum(same)}
             r["speedup_batch_vs_cpu"] = r["gpu"]["batch_qps"] / r["cpu"]["batch_qps"]
             log(f"{name} k={k} cpu p50 {r['cpu']['p50_ms']:.3f} ms, {r['cpu']['batch_qps']:.1f} q/s on {nc}; "
                 f"gpu/cpu batch x{r['speedup_batch_vs_cpu']:.1f}; parity mismatches {r['parity']['mismatches']}/{len(same)}")
-        log(f"{name} k={k} naive p50 {r['naive']['p50_ms']:.3f} ms (floor x{r['naive']['floor_ratio_p50']:.1f})")
+        log(f"{name} k={k} naive p50 {r['naive']['p50_ms']:.3f} ms "
+            f"(postings floor x{r['naive']['classes']['all']['xfloor_p50']:.0f})")
         res[str(k)] = r
         save()
         if time.time() - T0 > args.deadline_s:
@@ -262,20 +301,33 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
 
 
 def table(report: dict) -> str:
-    rows = [f"copy bandwidth {report['copy_GBps']:.0f} GB/s ({report['card']})",
-            f"{'corpus':<24}{'k':>6}{'engine':>8}{'p50 ms':>10}{'p99 ms':>10}{'xfloor':>8}{'xfl.lg':>8}{'q/s':>10}"]
+    """Per corpus and k: each engine's p50 and median x postings floor by query class, the gpu's fixed cost, and
+    the batched q/s of the gpu and the cpu backend with the CPU named."""
+    nan = float("nan")
+    cpu = f"{report['cpu_model']}, {report['cpus']} logical CPUs"
+    rows = [f"{report['card']}: copy {report['copy_GBps']:.0f} GB/s (read + write), read {report['read_GBps']:.0f} "
+            f"GB/s; postings floor = {POSTING_BYTES} B a posting / {report['floor_GBps']:.0f} GB/s",
+            f"host: {cpu}",
+            f"{'corpus':<20}{'k':>6}{'engine':>7}{'class':>7}{'n':>5}{'floor us':>10}{'p50 us':>10}{'x floor':>9}"]
     for c in report["corpora"]:
         for k, r in c.get("results", {}).items():
-            for e in ("gpu", "naive", "cpu"):
-                if e not in r:
-                    continue
-                x = r[e]
-                rows.append(f"{c['corpus']:<24}{k:>6}{e:>8}{x['p50_ms']:>10.3f}{x['p99_ms']:>10.3f}"
-                            f"{x.get('floor_ratio_p50', float('nan')):>8.2f}{x.get('floor_ratio_large_p50', float('nan')):>8.2f}"
-                            f"{x['batch_qps']:>10.1f}")
-            if "parity" in r:
-                rows.append(f"{'':<24}{'':>6}  parity {r['parity']['mismatches']}/{r['parity']['compared']} mismatches, "
-                            f"gpu/cpu batch x{r['speedup_batch_vs_cpu']:.1f}")
+            for e in ("gpu", "cpu", "naive"):
+                for cname, x in r.get(e, {}).get("classes", {}).items():
+                    rows.append(f"{c['corpus']:<20}{k:>6}{e:>7}{cname:>7}{x['n']:>5}"
+                                f"{r['floor_ms'][cname] * 1e3:>10.1f}{x['p50_ms'] * 1e3:>10.1f}{x['xfloor_p50']:>9.1f}")
+            gq = r.get("gpu", {})
+            if gq:
+                rows.append(f"{'':<20}{k:>6}  gpu fixed cost (p50 of the smallest {CLASS_SHARE:.0%}) "
+                            f"{gq['fixed_ms'] * 1e3:.1f} us, fastest {gq['min_ms'] * 1e3:.1f} us; large queries read "
+                            f"postings at {gq['large_postings_GBps_p50']:,.1f} GB/s")
+                line = f"{'':<20}{k:>6}  batched: gpu {gq['batch_qps']:,.0f} q/s (batch {gq['batch']})"
+                if "cpu" in r:
+                    line += (f", cpu backend {r['cpu']['batch_qps']:,.0f} q/s ({r['cpu']['threads']} threads on {cpu}):"
+                             f" gpu/cpu x{r['speedup_batch_vs_cpu']:.1f}; parity {r['parity']['mismatches']}/"
+                             f"{r['parity']['compared']} mismatches")
+                rows.append(line)
+            if "naive" in r:
+                rows.append(f"{'':<20}{k:>6}  naive scorer {r['naive'].get('batch_qps', nan):,.1f} q/s")
     return "\n".join(rows)
 
 
@@ -306,14 +358,17 @@ def main() -> int:
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor()})"
     report = {"card": card, "torch": torch.__version__,
               "triton": getattr(gpu_tiles.triton, "__version__", None),
-              "cpus": os.cpu_count(), "python": platform.python_version(), "argv": sys.argv, "corpora": []}
-    bw = copy_bandwidth(device)
-    report["copy_GBps"] = bw / 1e9
-    log(f"{report['card']}: device copy {bw / 1e9:.0f} GB/s (read + write)")
+              "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
+              "argv": sys.argv, "corpora": []}
+    copy, read = memory_rates(device)
+    bw = max(copy, read)  # the highest rate shown keeps the floor a lower bound
+    report.update(copy_GBps=copy / 1e9, read_GBps=read / 1e9, floor_GBps=bw / 1e9)
+    log(f"{report['card']}: device copy {copy / 1e9:.0f} GB/s (read + write), read {read / 1e9:.0f} GB/s; "
+        f"host {report['cpu_model']}, {report['cpus']} logical CPUs")
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1, default=float))
+        args.json.write_text(json.dumps(report, separators=(",", ":"), default=float))
 
     jobs = [(n, Path(i), Path(t)) for n, i, t in args.real]
     for name, docs in args.synth:
