@@ -10,7 +10,8 @@ read-only sum (bytes read a second); the floor takes the higher, so it stays a l
 query set:
 - the postings floor of each query: every posting of its terms read once, 4 B each (the packed u32 the device
   holds, ``indexer/FORMAT.md``), over that rate. This backend reads every such posting (its thresholds skip
-  read-outs, never postings); norms, accumulators and results are left out, since a kernel can keep them on chip;
+  read-outs, never postings). Norms are left out (a document whose score bound cannot reach the top-k needs
+  none), and so are accumulators and results (a kernel can keep them on chip);
 - single-query latency (end to end: planning, kernels, top-k, results on the host) of the gpu backend, the cpu
   backend and a naive torch scorer (per term and shard: decode, gather norms, ``index_add_`` into a dense f64
   accumulator; then ``torch.topk``), per query class: all queries, the largest 10% by postings and the smallest
