@@ -12,8 +12,8 @@ with every query sent term by term (``term_order="ascending"``). A variant file 
 another commit: its ``SOURCE`` replaces this checkout's (the launch arguments must be the same). ``--patches FILE
 [FILE ...]`` adds ablations of this checkout's kernel: each FILE maps a name to a list of [old, new] text
 replacements (timing only: a patch that removes work changes the results, and the mismatches say so), e.g.
-``benchmarks/gpu_h200/kernel_ablations.json``. ``--sample-scales`` times each version at several ``SAMPLE_SCALE``
-values (0: no sample of units, no threshold).
+``git show e48c55d:benchmarks/gpu_h200/kernel_ablations.json``. ``--sample-scales`` times each version at several
+``SAMPLE_SCALE`` values (0: no sample of units, no threshold).
 """
 from __future__ import annotations
 
