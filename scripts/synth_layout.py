@@ -42,6 +42,7 @@ from indexer import layout as L  # noqa: E402
 from indexer.analyzer import AnalyzerConfig  # noqa: E402
 from indexer.norms import LENGTH_TABLE, encode_lengths  # noqa: E402
 from indexer.bm25 import avgdl_f32, norm_cache  # noqa: E402
+from indexer.reader import IndexReader  # noqa: E402
 
 TF_CAP = 31  # max tf; the first posting of shard 0 gets it, so the collection's max_tf (and tf_bits) is fixed
 TERM_CHUNK = 16_000_000  # random draws per step of a shard's generation (bounds a worker's memory)
@@ -347,36 +348,52 @@ def write_layout(out: Path, num_docs: int, terms_per_doc: float = 48.0, s: float
 
 
 # ---- query mapping --------------------------------------------------------------------------------------
-def map_queries(synth_dir: Path, reference_dir: Path, topics: Path, limit: int = 0) -> list[tuple[str, str]]:
-    """(qid, synthetic query text) for the real queries of ``topics`` (see the module docstring)."""
-    from indexer.reader import IndexReader
-    from ragserve.topics import read_queries
+class QueryMapper:
+    """Real query text -> synthetic query text over ``synth``'s vocabulary, by df rank (see the module docstring).
 
-    syn = IndexReader(synth_dir)
-    ref = IndexReader(reference_dir)
-    syn_df = np.asarray(syn.df).astype(np.int64)
-    by_df = np.argsort(syn_df, kind="stable")  # term ids, df ascending
-    sorted_df = syn_df[by_df].astype(np.float64)  # float like the keys: searchsorted would convert per call
-    scale = syn.doc_count / ref.doc_count
-    width = len(str(max(syn.vocab_size - 1, 0)))
-    vocab = ref.term_ids
-    out = []
-    queries = read_queries(topics)
-    for q in queries[:limit or None]:
-        counts, _ = ref.analyzer.term_counts(q.text)
+    Built once per (synthetic, reference) pair; calling it maps one query string, so a RAG loop's queries can be
+    mapped as they are formed. A query with no analysed term (only stopwords or punctuation) maps to ""."""
+
+    def __init__(self, synth: Path | IndexReader, reference: Path | IndexReader) -> None:
+        self.synth = synth if isinstance(synth, IndexReader) else IndexReader(synth)
+        self.reference = reference if isinstance(reference, IndexReader) else IndexReader(reference)
+        syn_df = np.asarray(self.synth.df).astype(np.int64)
+        self._by_df = np.argsort(syn_df, kind="stable")  # term ids, df ascending
+        self._sorted_df = syn_df[self._by_df].astype(np.float64)  # float like the keys: searchsorted would convert per call
+        self.scale = self.synth.doc_count / self.reference.doc_count
+        self._width = len(str(max(self.synth.vocab_size - 1, 0)))
+        self._ref_df = np.asarray(self.reference.df)
+
+    def term(self, term: str) -> int:
+        """The synthetic term id an analysed real term maps to."""
+        sorted_df, scale = self._sorted_df, self.scale
+        t = self.reference.term_ids.get(term)
+        dref = int(self._ref_df[t]) if t is not None else 0
+        lo = np.searchsorted(sorted_df, (dref - 0.5) * scale, side="left") if dref else 0
+        hi = np.searchsorted(sorted_df, (dref + 0.5) * scale, side="right")
+        if hi <= lo:  # empty bin: the nearest df
+            lo = min(int(np.searchsorted(sorted_df, dref * scale)), sorted_df.size - 1)
+            hi = lo + 1
+        return int(self._by_df[lo + zlib.crc32(term.encode()) % (hi - lo)])
+
+    def __call__(self, text: str) -> str:
+        counts, _ = self.reference.analyzer.term_counts(text)
         words = []
         for term, c in counts.items():
-            t = vocab.get(term)
-            dref = int(ref.df[t]) if t is not None else 0
-            lo = np.searchsorted(sorted_df, (dref - 0.5) * scale, side="left") if dref else 0
-            hi = np.searchsorted(sorted_df, (dref + 0.5) * scale, side="right")
-            if hi <= lo:  # empty bin: the nearest df
-                lo = min(int(np.searchsorted(sorted_df, dref * scale)), sorted_df.size - 1)
-                hi = lo + 1
-            pick = int(by_df[lo + zlib.crc32(term.encode()) % (hi - lo)])
-            words += [str(pick).zfill(width)] * c
-        if words:
-            out.append((q.id, " ".join(words)))
+            words += [str(self.term(term)).zfill(self._width)] * c
+        return " ".join(words)
+
+
+def map_queries(synth_dir: Path, reference_dir: Path, topics: Path, limit: int = 0) -> list[tuple[str, str]]:
+    """(qid, synthetic query text) for the real queries of ``topics`` that keep a term (see ``QueryMapper``)."""
+    from ragserve.topics import read_queries
+
+    mapper = QueryMapper(synth_dir, reference_dir)
+    out = []
+    for q in read_queries(topics)[:limit or None]:
+        text = mapper(q.text)
+        if text:
+            out.append((q.id, text))
     return out
 
 

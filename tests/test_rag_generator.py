@@ -108,3 +108,38 @@ def test_bad_arguments(tmp_path, gen):
     if not torch.cuda.is_available():
         with pytest.raises(GeneratorError, match="CUDA"):
             Generator(str(S.tiny_lm()), device="cuda:0")
+
+
+def test_from_model_wraps_a_model_in_memory_like_from_pretrained(gen):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(S.tiny_lm())
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    wrapped = Generator.from_model(model, AutoTokenizer.from_pretrained(path), device="cpu", name="in-memory")
+    assert wrapped.name == "in-memory" and wrapped.device == "cpu" and not wrapped.model.training
+    assert (wrapped.eos_ids, wrapped.bos_id, wrapped.max_positions) == (gen.eos_ids, gen.bos_id, gen.max_positions)
+    a, b = wrapped.generate(PROMPT, 24, stop="line"), gen.generate(PROMPT, 24, stop="line")
+    assert a.token_ids == b.token_ids and a.text == b.text and a.prompt_tokens == b.prompt_tokens
+    ids = gen.tokenizer("Marie Curie was born in Warsaw.").input_ids
+    np.testing.assert_allclose(wrapped.attention(ids), gen.attention(ids), atol=1e-6)
+
+
+def test_from_model_keeps_the_dtype_of_a_model_built_from_a_config(gen):
+    from transformers import AutoModelForCausalLM
+
+    cfg = gen.model.config.__class__.from_dict(gen.model.config.to_dict())
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)  # random weights, never saved
+    wrapped = Generator.from_model(model, gen.tokenizer)  # device: where the weights are
+    assert wrapped.device == "cpu" and wrapped.dtype == torch.bfloat16
+    assert next(wrapped.model.parameters()).dtype == torch.bfloat16
+    g = wrapped.generate(PROMPT, 8, stop="line")
+    assert 0 < g.tokens_generated <= 8 and g.logprobs.shape == (len(g.token_ids),)
+
+
+def test_from_model_rejects_what_is_not_a_causal_lm(gen):
+    with pytest.raises(GeneratorError, match="causal LM"):
+        Generator.from_model("tiny-llama", gen.tokenizer)
+    with pytest.raises(GeneratorError, match="tokenizer"):
+        Generator.from_model(gen.model, None)
+    with pytest.raises(GeneratorError, match="temperature"):
+        Generator.from_model(gen.model, gen.tokenizer, temperature=-1.0)

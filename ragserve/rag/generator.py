@@ -2,8 +2,8 @@
 stopping at a line or sentence end, and last-layer attention maps for DRAGIN.
 
 Any ``AutoModelForCausalLM`` checkpoint loads (a local directory or a hub id already in the local cache):
-bf16 on a GPU, fp32 on the CPU. Attention maps need eager attention, so the model is switched to eager only
-for those forward passes and back afterwards.
+bf16 on a GPU, fp32 on the CPU; ``Generator.from_model`` wraps one already in memory. Attention maps need eager
+attention, so the model is switched to eager only for those forward passes and back afterwards.
 """
 from __future__ import annotations
 
@@ -98,8 +98,32 @@ class Generator:
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
         except (OSError, ValueError) as e:
             raise GeneratorError(f"cannot load a causal LM from {model!r}: {e}") from e
+        self._setup(model, temperature, seed)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer, device: str | None = None, temperature: float = 0.0,
+                   seed: int = 0, name: str = "") -> "Generator":
+        """Wrap a causal LM already built in memory and its tokenizer, e.g. a randomly initialised model made
+        with ``from_config`` straight on the GPU, where saving and reloading billions of weights would only cost
+        time. The model keeps its dtype; ``device`` (default: where its weights are) is where it runs."""
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "generation_config"):
+            raise GeneratorError("model must be a transformers causal LM (a PreTrainedModel that can generate)")
+        if not callable(tokenizer) or not hasattr(tokenizer, "decode"):
+            raise GeneratorError("tokenizer must be a transformers tokenizer")
+        if temperature < 0:
+            raise GeneratorError("temperature must be >= 0 (0 = greedy)")
+        self = cls.__new__(cls)
+        param = next(model.parameters())
+        self.device = resolve_device(device) if device else str(param.device)
+        self.dtype = param.dtype
+        self.tokenizer, self.model = tokenizer, model
+        self._setup(name or type(model).__name__, temperature, seed)
+        return self
+
+    def _setup(self, name: str, temperature: float, seed: int) -> None:
+        """What both constructors share once ``model`` and ``tokenizer`` are set."""
         self.model.to(self.device).eval()
-        self.name = model
+        self.name = name
         self.temperature = temperature
         self._rng = torch.Generator(device=self.device).manual_seed(seed)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
