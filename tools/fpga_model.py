@@ -76,12 +76,13 @@ def _shard_counts(index: IndexReader, sh, q: QueryTerms, k: int, block_bits: int
     c[S["posting_words"]] = int(((s1 - 1) // POSTINGS_PER_WORD - s0 // POSTINGS_PER_WORD + 1)[s1 > s0].sum())
     npost = int((s1 - s0).sum())
     c[S["postings"]] = c[S["scored"]] = c[S["accumulated"]] = npost
-    # Docs with at least one query term: postings of one term never repeat a doc, so count distinct docids.
-    docs = []
+    # Docs with at least one query term, marked in the shard's doc range (a sort-free distinct count: np.unique
+    # of a 21M-doc index's postings took seconds a query).
+    seen = np.zeros(sh.doc_end - sh.doc_start, dtype=np.bool_)
     for e, a, b in zip(ent.tolist(), s0.tolist(), s1.tolist()):
         p = np.asarray(sh.postings[a:b], dtype=np.int64)
-        docs.append((int(sh.blk_id[e]) << block_bits) + (p >> index.tf_bits))
-    ncand = int(np.unique(np.concatenate(docs)).size)
+        seen[(int(sh.blk_id[e]) << block_bits) - sh.doc_start + (p >> index.tf_bits)] = True
+    ncand = int(np.count_nonzero(seen))
     c[S["candidates"]] = ncand
     c[S["results"]] = min(k, ncand)
     return c
