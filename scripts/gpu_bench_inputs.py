@@ -23,6 +23,13 @@ from ragserve.rag.datasets import read_dataset  # noqa: E402
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+def reference_inputs(paragraphs: Path, data: Path = DATA) -> list[Path]:
+    """The reference corpus (real Wikipedia text): the HotpotQA paragraphs file plus the two Wikipedia samples
+    of ``data`` (a copy of ../shared/data where that is not beside the checkout)."""
+    return [paragraphs, data / "wiki18-100w-passages-sample" / "sample_data.jsonl",
+            data / "enwiki-wikiextractor-json-sample" / "wiki_00"]
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -37,8 +44,7 @@ def main() -> int:
     corpora = {
         "arguana": [DATA / "beir-arguana" / "corpus.jsonl.gz"],
         "hotpot": [paragraphs],
-        "ref": [paragraphs, DATA / "wiki18-100w-passages-sample" / "sample_data.jsonl",
-                DATA / "enwiki-wikiextractor-json-sample" / "wiki_00"],
+        "ref": reference_inputs(paragraphs),
     }
     for name, inputs in corpora.items():
         if not (out / "idx" / name).exists():
