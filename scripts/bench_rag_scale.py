@@ -36,6 +36,7 @@ results.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -449,6 +450,26 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def compact(obj):
+    """The report as saved: floats to 6 decimals (microseconds), each answer text as a short hash (the noise of a
+    random model) and each mapped query as its term count."""
+    if isinstance(obj, float):
+        return round(obj, 6)
+    if isinstance(obj, list):
+        return [compact(x) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {}
+    for k, v in obj.items():
+        if k == "output":
+            out["output_sha1"] = hashlib.sha1(v.encode()).hexdigest()[:12]
+        elif k == "queries":
+            out["query_terms"] = [len(q.split()) for q in v]
+        else:
+            out[k] = compact(v)
+    return out
+
+
 def print_report(report: dict) -> None:
     """The table, DRAGIN's attention passes and the GPU memory of a (possibly partial) results JSON."""
     print(table(report["cells"]))
@@ -555,7 +576,7 @@ def main() -> int:
     def save() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=1, default=float))
+        tmp.write_text(json.dumps(compact(report), separators=(",", ":"), default=float))
         tmp.replace(args.out)
 
     def step(name: str, t: float) -> None:
