@@ -3,8 +3,12 @@ Llama-2-7B-shaped generator (Llama-3.1-8B-shaped for two-stage, with a BERT-base
 BM25 top 100), per retrieval backend: cpu (measured), gpu (measured, sharing the card with the generator) and fpga
 (MODELLED: the cpu run with the BM25 kernel's time replaced by ``tools/fpga_model.py``'s).
 
-    python scripts/bench_rag_scale.py --out rag_scale.json                 # H200: the full run (~7 minutes)
-    python scripts/bench_rag_scale.py --quick --out /tmp/rag_quick.json    # CPU dry run with tiny shapes
+    python scripts/bench_rag_scale.py --data-dir DATA --out rag_scale.json   # H200: the full run (4-7 minutes)
+    python scripts/bench_rag_scale.py --quick --out /tmp/rag_quick.json      # CPU dry run with tiny shapes
+    python scripts/bench_rag_scale.py --report rag_scale.json                # the tables of a (partial) run
+
+``DATA`` is ../shared/data or a copy holding hotpotqa-dev500-ircot, wiki18-100w-passages-sample and
+enwiki-wikiextractor-json-sample (the questions, the passage text and the reference corpus).
 
 What is real and what stands in:
 - Models: random weights in the published configurations (bf16 on a GPU). Answers are noise; only the times
