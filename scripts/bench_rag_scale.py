@@ -689,11 +689,11 @@ def main() -> int:
     durations: dict[str, float] = {}
     per_question: list[float] = []  # seconds a question took in each loop cell so far
 
-    def fits(key: str, guess: float) -> bool:
+    def fits(key: str, backend: str, guess: float) -> bool:
         need = durations.get(key, guess)
         if time.time() - T0 + need > deadline:
-            log(f"SKIPPED {key}: ~{need:.0f} s would pass the {deadline:.0f} s deadline")
-            report["skipped"].append({"cell": key, "estimated_s": need})
+            log(f"SKIPPED {key} on {backend}: ~{need:.0f} s would pass the {deadline:.0f} s deadline")
+            report["skipped"].append({"cell": key, "backend": backend, "estimated_s": need})
             save()
             return False
         return True
@@ -732,7 +732,7 @@ def main() -> int:
         for b in [b for b in ("cpu", "gpu") if b in searchers and (b == "cpu" or name != "none")]:
             key = f"loop/{name}"
             slowest = max(per_question, default=40.0 / 3 if not q else 4.0)  # a first guess until a cell ran
-            if not fits(key, slowest * (limit + (args.warmup if first else 0))):
+            if not fits(key, b, slowest * (limit + (args.warmup if first else 0))):
                 continue
             r = retrievers[b]
             retr = RerankingSearcher(r, reranker, depth=100) if name == "two-stage" else r
@@ -768,7 +768,7 @@ def main() -> int:
                 if b not in searchers:
                     continue
                 key = f"batched/{name}/b{batch}"
-                if not fits(key, (12.0 if not q else 4.0) * (1 if batch == 1 else rounds)):
+                if not fits(key, b, (12.0 if not q else 4.0) * (1 if batch == 1 else rounds)):
                     continue
                 r = retrievers[b] if name == "single" else None
                 t = time.time()
