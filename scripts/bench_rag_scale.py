@@ -160,6 +160,8 @@ def build_generator(shape: dict, tok, device: str, name: str):
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    if next(model.parameters()).dtype != dtype:  # a transformers that ignored dtype= would leave fp32
+        model.to(dtype)
     with torch.no_grad():
         model.get_output_embeddings().weight[len(tok):] = 0  # ids without a token: logit 0, never the argmax
     return Generator.from_model(model, tok, device=device, name=name)
@@ -625,7 +627,7 @@ def main() -> int:
         gen2 = build_generator(shapes["lm2"], lm_tok, device, "random Llama-3.1-8B shape")
         reranker = build_cross_encoder(shapes["ce"], ce_tok, work, device)
         step("generator_llama31_8b_shape_and_cross_encoder", t)
-    report["models"] = {"tokenizer_vocab": len(lm_tok), "generator": shapes["lm"], "generator_two_stage": shapes["lm2"],
+    report["models"] = {"tokenizer_vocab": len(lm_tok), "dtype": str(gen.dtype), "generator": shapes["lm"], "generator_two_stage": shapes["lm2"],
                         "cross_encoder": shapes["ce"], "param_bytes": {
                             "generator": param_bytes(gen.model),
                             "generator_two_stage": param_bytes(gen2.model) if gen2 else None,
