@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from indexer.reader import IndexReader  # noqa: E402
 from indexer import bm25  # noqa: E402
-from ragserve.kernels.gpu import tiles as gpu_tiles  # noqa: E402
 from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
-from ragserve.kernels.gpu.dense import M32  # noqa: E402
+from ragserve.kernels.gpu.relevancy import M32  # noqa: E402
 from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS  # noqa: E402
+from ragserve.kernels.gpu.triton_kernels import triton  # noqa: E402
 from ragserve.kernels.contract import StageTimes  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from ragserve.topics import read_queries  # noqa: E402
@@ -222,7 +222,7 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
             f"postings floor x{cls['all']['xfloor_p50']:.1f} (large x{cls['large']['xfloor_p50']:.1f}), "
             f"fixed cost {r['gpu']['fixed_ms'] * 1e3:.0f} us, "
             f"batch {r['gpu']['batch_qps']:.0f} q/s")
-        # stage split: one batch, and single queries (synchronised between the stages)
+        # stage split: one batch, and single queries (the graph's own events where the device plans them)
         kt = StageTimes()
         g.search_terms(analysed[:args.batch], k, k1, b, kt)
         bp = planner.items(analysed[:args.batch]).postings
@@ -358,7 +358,7 @@ def main() -> int:
     device = torch.device(args.device)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor()})"
     report = {"card": card, "torch": torch.__version__,
-              "triton": getattr(gpu_tiles.triton, "__version__", None),
+              "triton": getattr(triton, "__version__", None),
               "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
               "argv": sys.argv, "corpora": []}
     copy, read = memory_rates(device)

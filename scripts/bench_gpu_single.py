@@ -8,10 +8,10 @@ leaves, hit every variant alike).
     python scripts/bench_gpu_single.py --code /tmp/old --variants default --batch-qps ... --json old.json
 
 "Largest": the 10% of the first ``--queries`` mapped queries with the most postings (``bench_gpu.py``'s "large");
-a batch of r queries takes r consecutive ones. Variants: ``default`` (the checkout's settings), ``sample``
-(``SAMPLE_MIN_UNITS`` 0: sampled wherever ``sample_step`` allows), ``no-sample`` (never), ``no-running`` (the CUDA
-scorer without its running threshold, ``RUNNING_THRESHOLD`` off). ``--code`` imports the
-backend from another checkout (to compare commits on one machine, one process after the other). ``--batch-qps``
+a batch of r queries takes r consecutive ones. Variants (``GpuSettings`` fields changed from the defaults, a backend
+each): ``default``, ``sample`` (``sample_min_units`` 0: sampled wherever ``sample_step`` allows), ``no-sample``
+(never), ``no-running`` (the CUDA scorer without its running threshold). ``--code`` imports the backend from another
+checkout (to compare commits on one machine, one process after the other; one with ``GpuSettings``). ``--batch-qps``
 adds the throughput of all the queries in batches of 64 (best of 3). The synthetic index and the query mapping are
 ``bench_gpu.py``'s (``scripts/synth_layout.py``).
 """
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-# the gpu_tiles settings of each variant (the rest as the checkout has them)
-VARIANTS = {"default": {}, "sample": {"SAMPLE_MIN_UNITS": 0}, "no-sample": {"SAMPLE_MIN_UNITS": 1 << 62},
-            "no-running": {"RUNNING_THRESHOLD": False}}
+# the GpuSettings fields of each variant (the rest the checkout's defaults)
+VARIANTS = {"default": {}, "sample": {"sample_min_units": 0}, "no-sample": {"sample_min_units": 1 << 62},
+            "no-running": {"running_threshold": False}}
 
 
 def main() -> int:
@@ -51,8 +51,8 @@ def main() -> int:
     import torch
 
     from indexer.reader import IndexReader
-    from ragserve.kernels.gpu import tiles as gpu_tiles
     from ragserve.kernels.gpu.backend import GpuBackend
+    from ragserve.kernels.gpu.settings import GpuSettings
     from ragserve.retrieval.searcher import Searcher
     from synth_layout import map_queries, write_layout
 
@@ -62,20 +62,15 @@ def main() -> int:
         write_layout(idx, docs)
     reader = IndexReader(idx)
     analyzer = Searcher(reader, backend="cpu", threads=1)
-    g = GpuBackend(reader, device=args.device, kernel="triton", max_batch=64)
-    # A backend for each variant: a single query's CUDA graph keeps the launches of the settings it was captured with.
-    backends = {v: g if i == 0 else GpuBackend(reader, device=args.device, kernel="triton", max_batch=64)
-                for i, v in enumerate(args.variants)}
+    names = {a for v in args.variants for a in VARIANTS[v]}
+    if missing := sorted(a for a in names if not hasattr(GpuSettings(), a)):
+        raise SystemExit(f"{args.code} has no {', '.join(missing)}: those variants cannot run there")
+    # A backend for each variant, with its settings.
+    backends = {v: GpuBackend(reader, device=args.device, kernel="triton", max_batch=64,
+                              settings=GpuSettings(**VARIANTS[v])) for v in args.variants}
+    g = backends[args.variants[0]]
     planner = g.device_arrays()["planner"]
     k1, b = reader.k1, reader.b
-    names = {a for v in args.variants for a in VARIANTS[v]}
-    if missing := sorted(a for a in names if not hasattr(gpu_tiles, a)):
-        raise SystemExit(f"{args.code} has no {', '.join(missing)}: those variants cannot run there")
-    home = {a: getattr(gpu_tiles, a) for a in names}
-
-    def use(variant: str) -> None:
-        for a, x in home.items():
-            setattr(gpu_tiles, a, VARIANTS[variant].get(a, x))
 
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report: dict = {"argv": sys.argv, "card": card, "code": str(args.code), "results": {}}
@@ -99,12 +94,10 @@ def main() -> int:
                         # Rotated: each variant comes first as often (the first meets the batch's postings outside
                         # L2: 7% slower at 100M with identical settings).
                         for v in args.variants[i % len(args.variants):] + args.variants[:i % len(args.variants)]:
-                            use(v)
                             dt = _timed(backends[v].search_terms, batch, k, k1, b)
                             if rep:  # the first pass warms up
                                 lat[v].append(dt)
                 res[f"rows={r} p50 ms"] = {v: round(1e3 * float(np.median(x)), 4) for v, x in lat.items()}
-            use("default")
             report["results"][f"{name}/{qname} k={k}"] = res
             print(f"{name}/{qname} k={k} {json.dumps(res)}", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,19 +1,21 @@
 """The CUDA tile scoring kernel alone, this checkout's against other versions' sources, side by side in one run.
 
-    git show 808740b:ragserve/kernels/gpu/tiles_cuda.py > /tmp/tiles_808740b.py
+    git show COMMIT:ragserve/kernels/gpu/cuda/relevancy.cu > /tmp/relevancy_COMMIT.cu
     python scripts/bench_tile_kernel.py --synth dpr21m 21000000 --workdir /tmp/synth --reference REF_IDX \
-        --topics nq=NQ_TOPICS msmarco=MSMARCO_TOPICS --variant 808740b=/tmp/tiles_808740b.py --json out.json
+        --topics nq=NQ_TOPICS msmarco=MSMARCO_TOPICS --variant COMMIT=/tmp/relevancy_COMMIT.cu --json out.json
 
 For each kernel version and query set (the first ``--batch`` mapped queries, as in ``bench_gpu.py``): registers
 and resident blocks a multiprocessor, parity of the backend's top-k with the cpu backend's (k = 10 and 1000), and
 the scoring stage of one batch timed by CUDA events (plan upload, bounds and scoring kernels; median of
 ``--reps``) at k = 10 (groups cut at the tile's k-th best), at k = 1000 (every matched group kept) and at k = 10
-with every query sent term by term (``term_order="ascending"``). A variant file is a ``gpu_tiles_cuda.py`` of
-another commit: its ``SOURCE`` replaces this checkout's (the launch arguments must be the same). ``--patches FILE
-[FILE ...]`` adds ablations of this checkout's kernel: each FILE maps a name to a list of [old, new] text
-replacements (timing only: a patch that removes work changes the results, and the mismatches say so), e.g.
-``git show e48c55d:benchmarks/gpu_h200/kernel_ablations.json``. ``--sample-scales`` times each version at several
-``SAMPLE_SCALE`` values (0: no sample of units, no threshold).
+with every query sent term by term (``term_order="ascending"``). A variant file is another commit's scorer: its
+``cuda/relevancy.cu``, or, before the kernels moved to ``.cu`` files, its ``tiles_cuda.py`` (whose ``SOURCE`` string
+is the same part); it replaces this checkout's ``relevancy.cu`` in the program (the launch arguments must be the
+same). ``--patches FILE [FILE ...]`` adds ablations of this checkout's scorer: each FILE maps a name to a list of
+[old, new] text replacements of ``relevancy.cu`` (timing only: a patch that removes work changes the results, and the
+mismatches say so), e.g.
+``git show e48c55d:benchmarks/gpu_h200/kernel_ablations.json``. ``--sample-scales`` times each version at
+several ``GpuSettings.sample_scale`` values (0: no sample of units, no threshold).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from indexer.reader import IndexReader  # noqa: E402
-from ragserve.kernels.gpu import tiles as T  # noqa: E402
-from ragserve.kernels.gpu import tiles_cuda as TC  # noqa: E402
+from ragserve.kernels.gpu import cuda_kernels as CK  # noqa: E402
 from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
+from ragserve.kernels.gpu.relevancy import TileScorer  # noqa: E402
+from ragserve.kernels.gpu.rtc import CudaModule  # noqa: E402
+from ragserve.kernels.gpu.selection import TileSelector  # noqa: E402
+from ragserve.kernels.gpu.settings import GpuSettings  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from synth_layout import map_queries, write_layout  # noqa: E402
 
@@ -54,6 +60,26 @@ def stage_ms(g: GpuBackend, chunk, cache: torch.Tensor, k: int, reps: int) -> fl
     return float(np.median(times))
 
 
+def kernels_of(relevancy_source: str, g: GpuBackend) -> CK.TileKernels:
+    """The program with ``relevancy_source`` for ``relevancy.cu``, compiled as the loader does."""
+    tile, tpb = g._tiles.tile, g._tiles.tpb
+    source = relevancy_source + CK.read_source("planning.cu") + CK.read_source("selection.cu")
+    module = CudaModule(source, CK.options(tile, tpb, g.settings), g.device, "bm25_tiles")
+    return CK.TileKernels(module, torch.cuda.get_device_properties(g.device).multi_processor_count
+                          * CK.min_blocks(tile))
+
+
+def use_kernels(g: GpuBackend, kernels: CK.TileKernels, sample_scale: float) -> None:
+    """The backend's tiled path on ``kernels``, with that sample scale (a batch at a time: no single-query graphs)."""
+    tiles, settings = g._tiles, replace(g.settings, sample_scale=sample_scale)
+    g._tiles = g._selector = g._graphs = None
+    torch.cuda.empty_cache()
+    g._tiles = TileScorer(g.num_docs, tiles.block_size, g.tf_bits, g.plan.rows, g.device, settings, kernels,
+                          tiles.copies)
+    g._selector = TileSelector(g._tiles, g.plan.rows, settings)
+    g._tiles.sample(g._post, 0, g._stage_p)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--synth", nargs=2, metavar=("NAME", "DOCS"), required=True)
@@ -63,8 +89,8 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FILE")
     ap.add_argument("--patches", type=Path, nargs="+", default=[],
                     help="JSON files: name -> [[old, new], ...] applied to this checkout's kernel")
-    ap.add_argument("--sample-scales", type=float, nargs="+", default=[T.SAMPLE_SCALE],
-                    help="gpu_tiles.SAMPLE_SCALE values to time each version at")
+    ap.add_argument("--sample-scales", type=float, nargs="+", default=[GpuSettings().sample_scale],
+                    help="GpuSettings.sample_scale values to time each version at")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", type=Path)
@@ -82,10 +108,10 @@ def main() -> int:
         rows = map_queries(idx, args.reference, Path(path), 4 * args.batch)
         sets[name] = [q for q in (cpu.analyze(text) for _, text in rows) if len(q)][:args.batch]
     want = {(n, k): cpu.backend.search_terms(qs, k, K1, B) for n, qs in sets.items() for k in (10, 1000)}
-    versions = {"this checkout": TC.SOURCE}
+    versions = {"this checkout": CK.read_source("relevancy.cu")}
     patches = {(f, name): pairs for f in args.patches for name, pairs in json.loads(f.read_text()).items()}
     for (f, name), pairs in patches.items():
-        source = TC.SOURCE
+        source = versions["this checkout"]
         for before, after in pairs:
             if before not in source:
                 ap.error(f"{f}: patch {name!r}: {before[:60]!r} is not in this checkout's kernel")
@@ -93,24 +119,24 @@ def main() -> int:
         versions[name] = source
     for spec in args.variant:
         name, path = spec.split("=", 1)
-        mod_spec = importlib.util.spec_from_file_location(f"tiles_{name}", path)
-        mod = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(mod)
-        versions[name] = mod.SOURCE
+        if path.endswith(".py"):  # a tiles_cuda.py of before the move to .cu files
+            mod_spec = importlib.util.spec_from_file_location(f"tiles_{name}", path)
+            mod = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(mod)
+            versions[name] = mod.SOURCE
+        else:
+            versions[name] = Path(path).read_text()
     g = GpuBackend(reader, kernel="triton", max_batch=args.batch)
+    if g._tiles.scorer != "cuda":
+        ap.error("the CUDA C tile scorer did not build here (NVRTC missing?)")
     _, cache, min_q = g._cache(K1, B)
     out = {"card": torch.cuda.get_device_name(0), "argv": sys.argv, "versions": {}}
     for name, source in versions.items():
-        TC.SOURCE = source
-        g._tiles = None
-        torch.cuda.empty_cache()
-        g._tiles = T.TileScorer(g.num_docs, reader.block_size, g.tf_bits, g.plan.rows, g.device)
-        if g._tiles.scorer != "cuda":
-            ap.error("the CUDA C tile scorer did not build here (NVRTC missing?)")
-        regs, blocks = g._tiles._kernels.scorer.occupancy(TC.threads(g._tiles.tile))
+        kernels = kernels_of(source, g)
+        regs, blocks = kernels.scorer.occupancy(CK.threads(g._tiles.tile))
         res = {"registers": regs, "blocks_per_sm": blocks}
         for scale in args.sample_scales:
-            T.SAMPLE_SCALE = scale
+            use_kernels(g, kernels, scale)
             at = f" sample {scale:g}" if len(args.sample_scales) > 1 else ""
             for qn, qs in sets.items():
                 for k in (10, 1000):

@@ -71,17 +71,11 @@ class _GraphDriver:
         return 0
 
 
-def _copies(driver) -> StreamCopies:
-    copies = StreamCopies.__new__(StreamCopies)  # no libcuda in CI: the recorder stands in for it
-    copies._cuda, copies._events, copies._streams, copies._graphs = driver, [], [], set()
-    return copies
-
-
 def test_graph_capture_ends_and_releases_what_it_made():
     """A capture ends whatever the queued work does: on an error the partial graph is destroyed and the error raised;
     otherwise the graph is instantiated and destroyed, and the instance lives until dropped (or the object goes)."""
     driver = _GraphDriver()
-    copies = _copies(driver)
+    copies = StreamCopies(driver)  # no libcuda in CI: the recorder stands in for it
     queued = []
     assert copies.capture(5, lambda: queued.append(1)) == 9 and queued == [1]
     assert driver.calls == [("begin", 5, 2), ("end", 5), ("instantiate", 7), ("destroy graph", 7)]
@@ -92,7 +86,7 @@ def test_graph_capture_ends_and_releases_what_it_made():
     driver.calls.clear()
     copies.drop_graph(9)
     assert driver.calls == [("destroy exec", 9)] and not copies._graphs
-    failing = _copies(_GraphDriver(instantiate_rc=1))
+    failing = StreamCopies(_GraphDriver(instantiate_rc=1))
     with pytest.raises(RtcError, match="cuGraphInstantiate failed"):
         failing.capture(3, lambda: None)
     assert failing._cuda.calls[-1] == ("destroy graph", 7) and not failing._graphs

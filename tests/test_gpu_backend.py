@@ -2,8 +2,11 @@
 CUDA when present (tests marked ``gpu``); memory planning, staging, bounds and errors."""
 from __future__ import annotations
 
+import ctypes
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,10 +15,12 @@ import torch
 from indexer.reader import IndexReader
 from indexer.writer import BuildOptions, build_index_from_documents
 from ragserve.kernels.cpu.backend import CpuBackend
+from ragserve.kernels.gpu import backend as gpu_backend, cuda_kernels as CK, relevancy, selection
 from ragserve.kernels.gpu.backend import GpuBackend
-from ragserve.kernels.gpu import tiles as gpu_tiles
-from ragserve.kernels.gpu.tiles import triton_available
+from ragserve.kernels.gpu.cuda_kernels import TileKernels
 from ragserve.kernels.gpu.memory import MemoryPlanError, plan_memory
+from ragserve.kernels.gpu.settings import GpuSettings
+from ragserve.kernels.gpu.triton_kernels import triton_available
 from indexer import bm25
 from ragserve.kernels.contract import SearchError
 from ragserve.kernels.registry import resolve_backend_name
@@ -221,6 +226,184 @@ def test_options_and_devices(hotpot):
     assert d["device"] == "cpu" and d["kernel"] == "torch" and d["streamed_shards"] == 0
 
 
+def test_settings_are_one_object_passed_in(hotpot):
+    """Tuning reaches the backend as one frozen ``GpuSettings``: checked when made, varied by ``replace``, passed down
+    to the scorer and the selection; anything else is refused."""
+    reader = hotpot[0]
+    base = GpuSettings()
+    with pytest.raises(AttributeError):
+        base.peek = 8  # frozen: no caller changes another's settings
+    for bad in ({"scorer": "opencl"}, {"tile_max": 1000}, {"peek": 0}, {"budget_fraction": 1.5},
+                {"min_capacity": -1}):
+        with pytest.raises(ValueError):
+            GpuSettings(**bad)
+    with pytest.raises(SearchError, match="GpuSettings"):
+        GpuBackend(reader, device="cpu", settings={"peek": 8})
+    small = replace(base, tile_max=256)
+    g = GpuBackend(reader, device="cpu", settings=small)
+    assert g.settings is small and base.tile_max == 2048 and g._tile == 256
+
+
+class _RecordingDevice:
+    """libcuda as the tiled path calls it, recorded: handles are small integers, kernels do not run. A launched graph
+    does what its ``rank_candidates`` would: it writes one ranked hit (``HIT``) to the pinned head the host reads."""
+
+    HIT = (5, 1.5)  # docid, score
+    SCORED_MS = 0.125  # the device time between the graph's two timing events
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []  # what ran outside any capture
+        self.graphs: dict[int, list[tuple]] = {}  # an instantiated graph's nodes, in capture order
+        self._capture: tuple[int, list[tuple]] | None = None  # (stream, nodes) while capturing
+        self._next = 100
+
+    def _handle(self, ref) -> int:
+        self._next += 1
+        ref._obj.value = self._next
+        return self._next
+
+    def _queue(self, entry: tuple, stream: int) -> None:
+        (self._capture[1] if self._capture and self._capture[0] == stream else self.log).append(entry)
+
+    def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> int:
+        ptrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        arg = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32}
+        out = ()
+        if func == "rank_candidates":  # (found, cap, out, k, out_cap): where the hit goes
+            out = tuple(ctypes.cast(ptrs[i], ctypes.POINTER(arg[t])).contents.value
+                        for i, t in ((2, "ptr"), (4, "i32")))
+        self._queue(("launch", func) + out, stream)
+        return 0
+
+    def cuEventCreate(self, ev, flags) -> int:
+        self._handle(ev)
+        return 0
+
+    def cuStreamCreate(self, st, flags) -> int:
+        self._handle(st)
+        return 0
+
+    def cuMemHostGetDevicePointer_v2(self, dev, host, flags) -> int:
+        dev._obj.value = host.value  # mapped pinned memory: the device writes the host's bytes
+        return 0
+
+    def cuEventRecord(self, ev, stream) -> int:
+        self._queue(("record", ev.value), stream)
+        return 0
+
+    def cuEventRecordWithFlags(self, ev, stream, flags) -> int:
+        assert self._capture and self._capture[0] == stream and flags == 1  # an event record node of the graph
+        self._queue(("record", ev.value), stream)
+        return 0
+
+    def cuEventSynchronize(self, ev) -> int:
+        self.log.append(("wait", ev.value))
+        return 0
+
+    def cuEventElapsedTime(self, ms, start, end) -> int:
+        ms._obj.value = self.SCORED_MS
+        self.log.append(("elapsed", start.value, end.value))
+        return 0
+
+    def cuStreamWaitEvent(self, stream, ev, flags) -> int:
+        self.log.append(("after", stream, ev.value))
+        return 0
+
+    def cuMemcpyHtoDAsync_v2(self, dst, src, nbytes, stream) -> int:
+        self._queue(("to device", nbytes), stream)
+        return 0
+
+    def cuMemcpyDtoHAsync_v2(self, dst, src, nbytes, stream) -> int:
+        self._queue(("to host", nbytes), stream)
+        return 0
+
+    def cuStreamBeginCapture_v2(self, stream, mode) -> int:
+        self._capture = (stream.value, [])
+        return 0
+
+    def cuStreamEndCapture(self, stream, graph) -> int:
+        graph._obj.value = 1
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, exe, graph, flags) -> int:
+        self.graphs[self._handle(exe)] = self._capture[1]
+        self.log.append(("capture", self._next))
+        self._capture = None
+        return 0
+
+    def cuGraphDestroy(self, graph) -> int:
+        return 0
+
+    def cuGraphLaunch(self, graph, stream) -> int:
+        self.log.append(("graph", graph, stream))
+        _, _, out, room = next(n for n in self.graphs[graph] if n[:2] == ("launch", "rank_candidates"))
+        head = (ctypes.c_int64 * (2 + 2 * room)).from_address(out)
+        head[0], head[2] = 1, self.HIT[0]
+        ctypes.c_float.from_address(out + 4 * 2 * (2 + room)).value = self.HIT[1]
+        return 0
+
+    def cuGraphExecDestroy(self, graph) -> int:
+        return 0
+
+    def cuEventDestroy_v2(self, ev) -> int:
+        return 0
+
+    def cuStreamDestroy_v2(self, stream) -> int:
+        return 0
+
+
+def test_searcher_single_query_takes_the_graph_path(hotpot, monkeypatch):
+    """The production path is the fast path: ``Searcher.search`` (which always asks for stage times) sends one query
+    the device plans through the single-query CUDA graph: captured once, then one graph launch a query and no kernel
+    launched outside it, with the relevancy time read from the graph's own events (recorded between the scoring and
+    the selection kernels) and the hit the graph's ranking wrote. A batch takes the batched path. CI has no GPU: the
+    backend runs on torch's CPU device with its CUDA parts (``relevancy.cuda_parts``: kernels, copies, graphs) on a
+    recording driver; the path decision and everything around it are the backend's own."""
+    pytest.importorskip("triton")
+    from ragserve.kernels.contract import StageTimes
+    from ragserve.kernels.gpu.rtc import CudaKernel, StreamCopies
+
+    device = _RecordingDevice()
+    module = SimpleNamespace(device=torch.device("cpu"), _cuda=device,
+                             kernel=lambda name, sig: CudaKernel(module, name, sig))
+    made = []
+
+    def parts(tile, tpb, dev, settings):
+        made.append((tile, tpb))
+        return TileKernels(module, 132), StreamCopies(device)
+
+    monkeypatch.setattr(relevancy, "cuda_parts", parts)
+    monkeypatch.setattr(relevancy, "current_stream", lambda dev: 7)  # the caller's stream
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # kernel="triton" off CUDA; no Triton kernel runs here
+    reader = hotpot[0]
+    s = Searcher(reader, backend="gpu", device="cpu", kernel="triton")
+    assert made and s.backend.describe()["single_query_graph"]
+    device.log.clear()
+    times = StageTimes()
+    hits = s.search("which city is the capital of france", k=10, times=times)
+    assert [(h.docid, h.score) for h in hits] == [device.HIT]
+    assert hits[0].id == reader.external_id(device.HIT[0])
+    (kind, graph), *rest = device.log
+    assert kind == "capture" and rest[0] == ("graph", graph, 7)  # captured, then launched on the caller's stream
+    nodes = device.graphs[graph]
+    assert [n[1] for n in nodes if n[0] == "launch"] == ["query_in", "plan_single", "bm25_tiles", "kth_largest",
+                                                         "collect", "rank_candidates"]
+    records = [i for i, n in enumerate(nodes) if n[0] == "record"]
+    start, scored, done = (nodes[i][1] for i in records)
+    assert records == [0, 4, len(nodes) - 1]  # before the plan; between scoring and selection; at the end
+    assert rest[1:] == [("wait", done), ("elapsed", start, scored)]  # no launch, copy or sync outside the graph
+    assert times.relevancy == pytest.approx(device.SCORED_MS / 1e3) and times.retrieval > 0
+    device.log.clear()
+    again = s.search("paris", k=10, times=times)  # the same graph: no capture
+    assert [(h.docid, h.score) for h in again] == [device.HIT]
+    assert device.log == [("graph", graph, 7), ("wait", done), ("elapsed", start, scored)]
+    assert times.relevancy == pytest.approx(2 * device.SCORED_MS / 1e3)
+    device.log.clear()
+    s.search_batch(["paris", "the capital of france"], k=10)  # a batch: plan, kernels, read-back; no graph
+    assert not any(e[0] in ("graph", "capture") for e in device.log)
+    assert [e[1] for e in device.log if e[0] == "launch"] == ["tile_bounds", "bm25_tiles", "kth_largest", "collect"]
+
+
 @pytest.mark.skipif(CUDA, reason="checks the behaviour without CUDA")
 def test_unavailable_without_cuda(hotpot):
     ok, why = GpuBackend.is_available()
@@ -252,14 +435,13 @@ def test_cuda_parity(arguana, hotpot, kernel, term_order):
 @needs_cuda
 @pytest.mark.parametrize("term_order", ["auto", "ascending"])
 @pytest.mark.parametrize("scorer", ["cuda", "triton"])
-def test_cuda_tile_scorers(hotpot, scorer, term_order, monkeypatch):
+def test_cuda_tile_scorers(hotpot, scorer, term_order):
     """Both tile scoring kernels (CUDA C through NVRTC, and Triton's) return the cpu backend's top-k; the CUDA one
     by both of its paths (terms at once where the sums are exact in any order, else one term after another)."""
     if not triton_available():
         pytest.skip("triton is not installed")
-    monkeypatch.setattr(gpu_tiles, "SCORER", scorer)
     reader, cpu, queries = hotpot
-    g = GpuBackend(reader, kernel="triton", max_batch=16, term_order=term_order)
+    g = GpuBackend(reader, kernel="triton", max_batch=16, term_order=term_order, settings=GpuSettings(scorer=scorer))
     assert g.describe()["tile_scorer"] == scorer
     cache = bm25.norm_cache(0.9, 0.4, reader.avgdl)
     min_q = float(cache[int(np.asarray(reader.norms).max())]) / 4
@@ -287,7 +469,7 @@ def test_cuda_streaming_and_auto(arguana, kernel):
 def test_tile_plan_orders_entries_canonically(hotpot):
     """The tiled kernel's host plan: every block entry of every (query, term), ordered by (query, block, term id)
     and grouped into (query, block) pairs, against a plain Python expansion (CPU only: no kernel involved)."""
-    from ragserve.kernels.gpu.tiles import plan_tiles
+    from ragserve.kernels.gpu.planning import plan_tiles
 
     reader, _, queries = hotpot
     planner = GpuBackend(reader, device="cpu").device_arrays()["planner"]
@@ -318,7 +500,7 @@ def test_tile_plan_orders_entries_canonically(hotpot):
 def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
     """The one-call plan of resident shards (``plan_queries``) is ``plan_tiles`` of the batch's items, with the shifts
     of ``flat_shift`` (none under ``term_order='ascending'``)."""
-    from ragserve.kernels.gpu.tiles import plan_queries, plan_tiles
+    from ragserve.kernels.gpu.planning import plan_queries, plan_tiles
 
     reader, _, queries = hotpot
     g = GpuBackend(reader, device="cpu", term_order="auto" if auto else "ascending")
@@ -340,7 +522,7 @@ def test_flat_shift_sums_are_exact(hotpot):
     norm the index holds), times 2^S, is an integer, n * max(w) * 2^S < 2^63, and the integer sums of random docs,
     rounded to f32 and scaled back, are the f32 of their f64 sums (the cpu backend's scores); queries whose f64 sums
     are not provably exact, and one-term queries, get 0."""
-    from ragserve.kernels.gpu.tiles import flat_shift
+    from ragserve.kernels.gpu.planning import flat_shift
 
     reader, _, queries = hotpot
     norms = np.unique(np.asarray(reader.norms))
@@ -377,10 +559,8 @@ def test_cuda_kth_largest_kernel():
     """The radix-select threshold kernel returns torch.topk's k-th largest value (ties, zeros, mostly zeros, one value
     throughout, k = n, k > n: 0), with a row in registers (n <= KTH_REG * KTH_THREADS) or partly read again each pass;
     it clears the 8-byte count it is given."""
-    from ragserve.kernels.gpu import tiles_cuda as TC
-
     dev = torch.device("cuda")
-    kn = TC.TileKernels(2048, 128, dev)
+    kn = TileKernels.build(2048, 128, dev, GpuSettings())
     gen = torch.Generator(device="cpu").manual_seed(3)
     for n in (49_153, 10_254):
         rows = torch.rand((8, n), generator=gen).to(dev)
@@ -394,7 +574,7 @@ def test_cuda_kth_largest_kernel():
         thr = torch.empty(8, dtype=torch.float32, device=dev)
         count = torch.ones(4, dtype=torch.int32, device=dev)
         for k in (1, 2, 10, 150, 1000, 10_000, n, n + 1):
-            kn.kth(8, TC.KTH_THREADS, rows, n, k, thr, count)
+            kn.kth(8, CK.KTH_THREADS, rows, n, k, thr, count)
             want = (torch.topk(rows, k, dim=1).values.amin(dim=1) if k <= n else torch.zeros(8, device=dev))
             assert torch.equal(thr, want), (n, k)
             assert count.tolist() == [0, 0, 1, 1]
@@ -408,12 +588,10 @@ def test_cuda_tile_bounds_kernel():
     where each tile's docs begin in an entry's postings as numpy's searchsorted does, for entries whose docs spread
     evenly, cluster in a few tiles, sit at one end or both, come in runs, or number 0, 1 or a few, at any offset from
     a sample."""
-    from ragserve.kernels.gpu import tiles_cuda as TC
-
     dev = torch.device("cuda")
     tile, tpb, tf_bits = 2048, 128, 8
     block = tile * tpb
-    kn = TC.TileKernels(tile, tpb, dev)
+    kn = TileKernels.build(tile, tpb, dev, GpuSettings())
     rng = np.random.default_rng(5)
     entries = [np.zeros(0, np.int64), np.array([0]), np.array([block - 1]), np.arange(33) * 7919 % block]
     entries += [rng.choice(block, n, replace=False) for n in (40, 700, 5000, 60_000, 200_000)]
@@ -430,12 +608,12 @@ def test_cuda_tile_bounds_kernel():
     n_ent = len(entries)
     ent = torch.from_numpy(np.concatenate([starts, counts])).to(dev)
     post_dev = torch.from_numpy(post.view(np.int32)).to(dev)
-    n_samp = -(-post.size // TC.SAMPLE)
+    n_samp = -(-post.size // CK.SAMPLE)
     samp = torch.full((n_samp,), 255, dtype=torch.uint8, device=dev)
     kn.samples(-(-n_samp // 256), 256, post_dev, samp, 0, n_samp, tf_bits)
-    assert samp.cpu().numpy().tolist() == ((post[::TC.SAMPLE] >> tf_bits) // tile).tolist()
+    assert samp.cpu().numpy().tolist() == ((post[::CK.SAMPLE] >> tf_bits) // tile).tolist()
     bounds = torch.full((n_ent * tpb,), -1, dtype=torch.int32, device=dev)
-    kn.bounds(-(-n_ent * tpb // TC.BOUNDS_THREADS), TC.BOUNDS_THREADS, ent, n_ent, post_dev, samp, bounds, tf_bits)
+    kn.bounds(-(-n_ent * tpb // CK.BOUNDS_THREADS), CK.BOUNDS_THREADS, ent, n_ent, post_dev, samp, bounds, tf_bits)
     got = bounds.cpu().numpy().reshape(n_ent, tpb)
     for e, d in enumerate(entries):
         assert got[e].tolist() == np.searchsorted(d, np.arange(tpb) * tile).tolist(), e
@@ -448,30 +626,29 @@ def test_cuda_rank_candidates_kernel():
     descending, then doc ascending; heavy ties) to pinned host memory, the docs as int64 and the scores from word
     2 + room, and nothing else, for any count up to SORT_MAX; past SORT_MAX or past the candidates' room only the count.
     The candidates are left as they are."""
-    from ragserve.kernels.gpu import tiles_cuda as TC
     from ragserve.kernels.gpu.rtc import StreamCopies
 
     dev = torch.device("cuda")
-    kn = TC.TileKernels(2048, 128, dev)
+    kn = TileKernels.build(2048, 128, dev, GpuSettings())
     with torch.cuda.device(dev):
         copies = StreamCopies()
-    out = torch.zeros(2 + 2 * TC.SORT_MAX + 2, dtype=torch.int64, pin_memory=True)
+    out = torch.zeros(2 + 2 * CK.SORT_MAX + 2, dtype=torch.int64, pin_memory=True)
     out_dev = copies.device_address(out.data_ptr())
     rng = np.random.default_rng(5)
-    for n in (0, 1, 2, 31, 63, 64, 65, 1000, 1050, TC.SORT_MAX - 1, TC.SORT_MAX, TC.SORT_MAX + 1):
+    for n in (0, 1, 2, 31, 63, 64, 65, 1000, 1050, CK.SORT_MAX - 1, CK.SORT_MAX, CK.SORT_MAX + 1):
         docs = rng.choice(1 << 31, n, replace=False).astype(np.int64)
         scores = np.float32(rng.integers(1, 40, n) / 8)  # ties
         pairs = np.zeros(2 + 2 * max(n, 1), np.int64)
         pairs[0], pairs[2:2 + 2 * n:2], pairs[3:3 + 2 * n:2] = n, docs, scores.view(np.int32)
         for cap in (n, n - 1):
             found = torch.from_numpy(pairs).to(dev)
-            for k, room in ((n, 4 * TC.SORT_MAX // 3), (1 + n // 2, 600), (n, 7)):
+            for k, room in ((n, 4 * CK.SORT_MAX // 3), (1 + n // 2, 600), (n, 7)):
                 out.fill_(-1)
-                kn.rank(TC.RANK_BLOCKS, TC.RANK_THREADS, found, cap, out_dev, k, room)
+                kn.rank(CK.RANK_BLOCKS, CK.RANK_THREADS, found, cap, out_dev, k, room)
                 assert np.array_equal(found.cpu().numpy(), pairs)  # synchronises
                 want = np.full(out.numel(), -1, np.int64)
                 want[0] = n
-                if n <= min(cap, TC.SORT_MAX):
+                if n <= min(cap, CK.SORT_MAX):
                     keys = np.sort(((0x7FFFFFFF - scores.view(np.int32).astype(np.int64)) << 32) | docs)
                     m = min(n, k, room)
                     want[2:2 + m] = keys[:m] & 0xFFFFFFFF
@@ -498,21 +675,19 @@ def test_cuda_current_stream_handle():
 def test_cuda_single_queries_ranked_on_the_device(hotpot, monkeypatch):
     """One query at a time, up to SORT_MAX candidates are ranked on the device (the host only reads the keys); past
     that the host ranks them. Both give the cpu backend's top-k."""
-    from ragserve.kernels.gpu import tiles_cuda as TC
-
     reader, cpu, queries = hotpot
     g = GpuBackend(reader, kernel="triton", max_batch=16)
     host = []
-    rank_host = gpu_tiles._rank_host
-    monkeypatch.setattr(gpu_tiles, "_rank_host", lambda *a: (host.append(a[4].size), rank_host(*a))[1])
+    rank_host = selection._rank_host
+    monkeypatch.setattr(selection, "_rank_host", lambda *a: (host.append(a[4].size), rank_host(*a))[1])
     qs = [q for q in queries[:60] if len(q)]
-    for k in (1, 10, 100, 1000, 4 * TC.SORT_MAX):
+    for k in (1, 10, 100, 1000, 4 * CK.SORT_MAX):
         host.clear()
         for q in qs:
             want, got = cpu.search_terms([q], k, 0.9, 0.4)[0], g.search_terms([q], k, 0.9, 0.4)[0]
             assert got.same_as(want), (k, q)
-        assert all(n > TC.SORT_MAX for n in host)  # the host ranks only what the kernel could not
-        assert len(host) < len(qs) // 2 if k < TC.SORT_MAX else host, k
+        assert all(n > CK.SORT_MAX for n in host)  # the host ranks only what the kernel could not
+        assert len(host) < len(qs) // 2 if k < CK.SORT_MAX else host, k
 
 
 @pytest.mark.gpu
@@ -520,11 +695,9 @@ def test_cuda_single_queries_ranked_on_the_device(hotpot, monkeypatch):
 def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     """More candidates than room: the batch is scored again with more (the first collect cleared the maxima); after
     every search the maxima are zero again."""
-    monkeypatch.setattr(gpu_tiles, "MIN_CAPACITY", 16)
-    monkeypatch.setattr(gpu_tiles, "CANDIDATES_PER_HIT", 0)
-    monkeypatch.setattr(gpu_tiles, "PEEK", 8)
     reader, cpu, queries = hotpot
-    g = GpuBackend(reader, kernel="triton", max_batch=16)
+    small = GpuSettings(min_capacity=16, candidates_per_hit=0, peek=8)
+    g = GpuBackend(reader, kernel="triton", max_batch=16, settings=small)
     launches = []
     launch = g._launch_chunk
     monkeypatch.setattr(g, "_launch_chunk", lambda *a: (launches.append(1), launch(*a)))
@@ -534,17 +707,16 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     for q in [q for q in queries[64:100] if len(q)][:16]:  # one at a time: a graph, then launches with more room
         assert_parity(g, cpu, [q], 100)
     assert len(launches) > 4
-    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any() and not g._tiles._running.any()
+    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any() and not g._tiles.running.any()
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_batches_ranked_by_torch_ops(hotpot, monkeypatch):
+def test_cuda_batches_ranked_by_torch_ops(hotpot):
     """Batches whose candidates the device ranks with torch ops (past ``HOST_RANK_MAX``), several in the pipeline (each
     ranked while the next is queued): every batch gets the cpu backend's top-k."""
-    monkeypatch.setattr(gpu_tiles, "HOST_RANK_MAX", 0)
     reader, cpu, queries = hotpot
-    g = GpuBackend(reader, kernel="triton", max_batch=8)
+    g = GpuBackend(reader, kernel="triton", max_batch=8, settings=GpuSettings(host_rank_max=0))
     for k in (10, 100):
         assert_parity(g, cpu, queries[:64], k)  # 8 batches
     assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
@@ -561,58 +733,54 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
     below it not read out (1000): small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k
     stays the cpu backend's."""
     reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
-    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 2.0)
-    monkeypatch.setattr(gpu_tiles, "MIN_SAMPLE_STEP", 2)
-    monkeypatch.setattr(gpu_tiles, "SAMPLE_MIN_UNITS", 0)
-    monkeypatch.setattr(gpu_tiles, "FILTER_RATIO", ratio)
+    settings = GpuSettings(sample_scale=2.0, min_sample_step=2, sample_min_units=0, filter_ratio=ratio)
     steps = []
-    step = gpu_tiles.sample_step
-    monkeypatch.setattr(gpu_tiles, "sample_step", lambda *a: (steps.append(step(*a)), steps[-1])[1])
-    g = GpuBackend(reader, kernel="triton", max_batch=32, term_order=term_order)
+    step = relevancy.sample_step
+    monkeypatch.setattr(relevancy, "sample_step", lambda *a: (steps.append(step(*a)), steps[-1])[1])
+    g = GpuBackend(reader, kernel="triton", max_batch=32, term_order=term_order, settings=settings)
     assert g.describe()["tile_scorer"] == "cuda" and g._tiles.n_tiles > 50
     filtered = []
-    kn = g._tiles._kernels
+    kn = g._tiles.kernels
     run_filter = kn.filter
     monkeypatch.setattr(kn, "filter", lambda *a, **kw: (filtered.append(a[0]), run_filter(*a, **kw)))
     for k in (1, 10, 100):
         steps.clear()
         assert_parity(g, s.backend, queries, k)
         if filtered:  # the sample's kth_largest cleared the list's count before the last batch's filter
-            assert 0 < int(g._tiles._listed[0]) <= filtered[-1]
+            assert 0 < int(g._tiles.listed[0]) <= filtered[-1]
         assert steps and all(steps) if k < 100 else not any(steps)  # 100: too few units a row for a sample
         if k < 100:
-            assert (g._tiles._theta > 0).any()  # some rows had a threshold to skip tiles by
-    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any() and not g._tiles._running.any()
+            assert (g._tiles.theta > 0).any()  # some rows had a threshold to skip tiles by
+    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any() and not g._tiles.running.any()
     assert bool(filtered) == (ratio == 1)
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_path, monkeypatch):
+def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_path):
     """The scorer's running threshold, scanned every few tiles here: never above a row's k-th largest exact tile maximum
     (so no top-k doc is below it), raised, and every tile reaching it still writes its exact maximum; the top-k stays
     the cpu backend's, and the state is zero again after each search."""
-    from ragserve.kernels.gpu import tiles_cuda as TC
-
     reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
     queries = [q for q in queries if len(q)][:32]
-    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)  # every unit scored in one launch
-    monkeypatch.setattr(TC, "RUN_SCAN", 4)  # compiled in: set before the kernels are built
-    g = GpuBackend(reader, kernel="triton", max_batch=32)
-    tiles = g._tiles
-    _, cache, min_q = g._cache(0.9, 0.4)
+    # every unit scored in one launch; the scan compiled in every 4 tiles
+    base = GpuSettings(sample_scale=0.0, run_scan=4)
+    backends = {running: GpuBackend(reader, kernel="triton", max_batch=32,
+                                    settings=replace(base, running_threshold=running)) for running in (False, True)}
+    g = backends[True]
     for k in (1, 10, 30):
         maxima = {}
-        for running in (False, True):
-            monkeypatch.setattr(gpu_tiles, "RUNNING_THRESHOLD", running)
-            rows, plan, _, _ = g._plan_chunk(queries, min_q)
+        for running, b in backends.items():
+            tiles, selector = b._tiles, b._selector
+            _, cache, min_q = b._cache(0.9, 0.4)
+            rows, plan, _, _ = b._plan_chunk(queries, min_q)
             tiles.begin(rows)
-            tiles.score(plan, g._post, g._norms, cache, k)
+            tiles.score(plan, b._post, b._norms, cache, k)
             maxima[running] = tiles.tile_maxima[:rows].clone()
-            run = tiles._running[:rows, TC.RUN_BINS + 1].clone().view(torch.float32)
-            tiles.start_topk(rows, k)
-            tiles.finish_topk(lambda: None)
-            assert not tiles._running.any() and not tiles.tile_maxima.any()
+            run = tiles.running[:rows, CK.RUN_BINS + 1].clone().view(torch.float32)
+            selector.start(rows, k)
+            selector.finish(lambda: None)
+            assert not tiles.running.any() and not tiles.tile_maxima.any()
         exact = maxima[False]
         kth = torch.topk(exact, k, dim=1).values[:, -1]
         assert (run <= kth).all(), k
@@ -622,29 +790,27 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
         below = maxima[True][~reach]  # the others: read out before it rose past them, or skipped (timing decides)
         assert ((below == 0) | (below == exact[~reach])).all()
         assert_parity(g, s.backend, queries, k)
-        assert not tiles._running.any()
+        assert not g._tiles.running.any()
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragraphs_jsonl, tmp_path, monkeypatch):
+def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragraphs_jsonl, tmp_path):
     """The filter's bound (fast division, fixed-point sums) never falls under a tile's exact maximum: with the threshold
     set to exactly one of a row's exact tile maxima, every unit reaching it is listed, and few others are."""
-    from ragserve.kernels.gpu import tiles_cuda as TC
-
     reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
     queries = [q for q in queries if len(q)][:32]
-    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)  # every unit scored exactly, no threshold
-    monkeypatch.setattr(gpu_tiles, "RUNNING_THRESHOLD", False)  # nor a running one: every tile's maximum written
-    g = GpuBackend(reader, kernel="triton", max_batch=32)
-    tiles, kn = g._tiles, g._tiles._kernels
+    # every unit scored exactly, no threshold, nor a running one: every tile's maximum written
+    g = GpuBackend(reader, kernel="triton", max_batch=32,
+                   settings=GpuSettings(sample_scale=0.0, running_threshold=False))
+    tiles, kn = g._tiles, g._tiles.kernels
     _, cache, min_q = g._cache(0.9, 0.4)
     rows, plan, _, _ = g._plan_chunk(queries, min_q)
     tiles.begin(rows)
     tiles.score(plan, g._post, g._norms, cache, 1)
     exact = tiles.tile_maxima[:rows].clone()  # row, global tile: the f32 of each tile's f64 maximum
-    tiles.start_topk(rows, 1)
-    tiles.finish_topk(lambda: None)
+    g._selector.start(rows, 1)
+    g._selector.finish(lambda: None)
     n_units = plan.n_pairs * tiles.tpb
     pair_row = plan.table[plan.pairs_at:plan.pairs_at + plan.n_pairs]
     pair_blk = plan.table[plan.pairs_at + plan.n_pairs:plan.pairs_at + 2 * plan.n_pairs]
@@ -654,14 +820,14 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
     unit_max[unit_tile >= tiles.n_tiles] = 0.0
     w_sum = np.array([float(np.sum(q.weights)) for q in queries])
     listed = torch.empty(2 + n_units, dtype=torch.int32, device=g.device)
-    table = tiles._table_dev.data_ptr()
+    table = tiles.table_dev.data_ptr()
     sorted_max = [np.unique(unit_max[unit_row == r]) for r in range(rows)]
     for frac in (1.0, 0.99, 0.9, 0.7, 0.5, 0.2):  # thresholds: a row's exact tile maxima near that quantile
         theta_np = np.array([m[min(len(m) - 1, int(frac * (len(m) - 1)))] for m in sorted_max], dtype=np.float32)
         theta = torch.from_numpy(theta_np).to(g.device)
         listed.zero_()
-        kn.filter(n_units, TC.threads(tiles.tile), table, plan.n_ent, table + 8 * plan.pairs_at, plan.n_pairs,
-                  g._post, g._norms, cache, tiles._bounds, g.num_docs, tiles.tf_bits, tiles.block_size, theta, listed)
+        kn.filter(n_units, CK.threads(tiles.tile), table, plan.n_ent, table + 8 * plan.pairs_at, plan.n_pairs,
+                  g._post, g._norms, cache, tiles.bounds, g.num_docs, tiles.tf_bits, tiles.block_size, theta, listed)
         out = listed.cpu().numpy()
         got = np.zeros(n_units, bool)
         got[out[1:1 + out[0]]] = True
@@ -678,8 +844,7 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
     """``plan_single``'s dense plan of one query: for every (doc block, query term) the entry of the host's plan, or a
     count of 0 where the term has no posting in the block; pairs are the blocks in order; its tile ranges are where
     each tile's docs begin in the entry's postings (numpy's searchsorted). Several shards (ArguAna's small banks)."""
-    from ragserve.kernels.gpu import tiles_cuda as TC
-    from ragserve.kernels.gpu.tiles import plan_queries
+    from ragserve.kernels.gpu.planning import plan_queries
 
     for reader, _, queries in (arguana, hotpot):
         g = GpuBackend(reader, kernel="triton", max_batch=8)
@@ -687,18 +852,18 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
         assert g.plan.table_bytes > 0 and g.describe()["query_tables_bytes"] == g.plan.table_bytes
         post = g._post.cpu().numpy().view(np.uint32)
         n_blocks, planner = tiles.n_blocks, g.device_arrays()["planner"]
-        for q in [q for q in queries if 0 < len(q) <= TC.QMAX][:12]:
+        for q in [q for q in queries if 0 < len(q) <= CK.QMAX][:12]:
             assert tiles.plans_on_device(q)
             want = plan_queries(planner, [q], g._pbase, n_blocks, False, 0.0)
             tiles.begin(1)
-            tiles._set_query(q, 37)
-            tiles._queue_plan(g._post.data_ptr())
+            tiles.set_query(q, 37)
+            tiles.queue_plan(g._post.data_ptr())
             torch.cuda.synchronize()
             nt, stride = len(q), tiles.stride
             n_ent = n_blocks * nt
-            got = tiles._qtable.cpu().numpy()
-            bounds = tiles._qbounds[:n_ent * tiles.tpb].cpu().numpy().reshape(n_ent, tiles.tpb)
-            assert stride == n_blocks * TC.QMAX
+            got = tiles.qtable.cpu().numpy()
+            bounds = tiles.qbounds[:n_ent * tiles.tpb].cpu().numpy().reshape(n_ent, tiles.tpb)
+            assert stride == n_blocks * CK.QMAX
             pairs = got[3 * stride:].reshape(5, n_blocks)
             assert (pairs[0] == 0).all() and pairs[1].tolist() == list(range(n_blocks)) and (pairs[4] == 37).all()
             assert pairs[2].tolist() == [b * nt for b in range(n_blocks)] and (pairs[3] - pairs[2] == nt).all()
@@ -723,61 +888,66 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
 @needs_cuda
 def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypatch):
     """One query at a time: up to QMAX terms planned on the device and run as one graph launch (captured once for each k
-    and BM25 parameters; launch by launch when stage times are asked for), more on the host; all give the cpu backend's
-    top-k, with the sums in any order or term after term."""
-    from ragserve.kernels.gpu import tiles_cuda as TC
+    and BM25 parameters, and launched alike when stage times are asked for: the times come from the graph's events),
+    more on the host; all give the cpu backend's top-k, with the sums in any order or term after term."""
     from ragserve.kernels.contract import StageTimes
 
     reader, cpu, queries = arguana
-    qs = [q for q in queries if 0 < len(q) <= TC.QMAX][:20]
-    terms = np.unique(np.concatenate([q.term_ids for q in qs]))[:TC.QMAX + 40]
+    qs = [q for q in queries if 0 < len(q) <= CK.QMAX][:20]
+    terms = np.unique(np.concatenate([q.term_ids for q in qs]))[:CK.QMAX + 40]
     long_q = bm25.QueryTerms(terms, np.ones(terms.size, np.float32),
                              np.linspace(0.5, 3.0, terms.size).astype(np.float32))
-    assert len(long_q) > TC.QMAX
+    assert len(long_q) > CK.QMAX
     host = []
-    plan = gpu_tiles.plan_queries
-    monkeypatch.setattr(gpu_tiles, "plan_queries", lambda *a: (host.append(len(a[1])), plan(*a))[1])
+    plan = gpu_backend.plan_queries
+    monkeypatch.setattr(gpu_backend, "plan_queries", lambda *a: (host.append(len(a[1])), plan(*a))[1])
     for term_order in ("auto", "ascending"):
         g = GpuBackend(reader, kernel="triton", max_batch=8, term_order=term_order)
-        captures = []
-        capture = g._tiles._copies.capture
-        monkeypatch.setattr(g._tiles._copies, "capture", lambda *a: (captures.append(1), capture(*a))[1])
+        assert g.describe()["single_query_graph"]
+        captures, launches = [], []
+        copies = g._tiles.copies
+        capture, launch = copies.capture, copies.launch_graph
+        monkeypatch.setattr(copies, "capture", lambda *a: (captures.append(1), capture(*a))[1])
+        monkeypatch.setattr(copies, "launch_graph", lambda *a: (launches.append(1), launch(*a)))
         for k, k1, b in ((10, 0.9, 0.4), (1000, 0.9, 0.4), (10, 1.2, 0.75)):
             host.clear()
+            launches.clear()
             for q in qs + [long_q]:
                 assert cpu.search_terms([q], k, k1, b)[0].same_as(g.search_terms([q], k, k1, b)[0]), k
             for q in qs[:4]:
                 times = StageTimes()
+                t = time.perf_counter()
                 assert cpu.search_terms([q], k, k1, b)[0].same_as(g.search_terms([q], k, k1, b, times)[0]), k
-                assert times.relevancy > 0
+                wall = time.perf_counter() - t
+                assert 0 < times.relevancy and 0 < times.retrieval and times.relevancy + times.retrieval <= wall
             assert host == [1]  # only the long query
+            assert len(launches) == len(qs) + 4  # timed or not, one graph launch a query the device plans
         assert len(captures) == 3
         g.close()
 
 
-def test_sample_step(monkeypatch):
-    """Every sqrt(units a row / k)-th unit, odd; none when that is under MIN_SAMPLE_STEP, for fewer units than
-    SAMPLE_MIN_UNITS unless the filter runs, or when there is nothing."""
-    monkeypatch.setattr(gpu_tiles, "SAMPLE_MIN_UNITS", 10_000)
-    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 1.0)
-    assert gpu_tiles.sample_step(9_999, 1, 10) == 31 and gpu_tiles.filters(9_999, 1, 10, 31)
-    assert gpu_tiles.sample_step(10_000, 1, 10) == 31
-    assert gpu_tiles.sample_step(64 * 10_000, 64, 10) == 31
-    assert gpu_tiles.sample_step(10_000, 1, 1000) == 0  # sqrt(10) < 4
-    assert gpu_tiles.sample_step(48_000, 1, 1000) == 7  # 6, made odd
-    assert gpu_tiles.sample_step(0, 0, 10) == 0
-    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 2.0)
-    assert gpu_tiles.sample_step(10_000, 1, 1000) == 7 and not gpu_tiles.filters(10_000, 1, 1000, 7)
-    assert gpu_tiles.sample_step(9_999, 1, 1000) == 0  # too few units, and no filter (4,000 > 9,999 // 7)
-    assert gpu_tiles.sample_step(9_999, 1, 10) == 63
-    monkeypatch.setattr(gpu_tiles, "SAMPLE_SCALE", 0.0)
-    assert gpu_tiles.sample_step(64 * 10_000, 64, 10) == 0
+def test_sample_step():
+    """Every sqrt(units a row / k)-th unit, odd; none when that is under min_sample_step, for fewer units than
+    sample_min_units unless the filter runs, or when there is nothing."""
+    s = GpuSettings(sample_min_units=10_000, sample_scale=1.0)
+    step, filters = relevancy.sample_step, relevancy.filters
+    assert step(9_999, 1, 10, s) == 31 and filters(9_999, 1, 10, 31, s)
+    assert step(10_000, 1, 10, s) == 31
+    assert step(64 * 10_000, 64, 10, s) == 31
+    assert step(10_000, 1, 1000, s) == 0  # sqrt(10) < 4
+    assert step(48_000, 1, 1000, s) == 7  # 6, made odd
+    assert step(0, 0, 10, s) == 0
+    s = replace(s, sample_scale=2.0)
+    assert step(10_000, 1, 1000, s) == 7 and not filters(10_000, 1, 1000, 7, s)
+    assert step(9_999, 1, 1000, s) == 0  # too few units, and no filter (4,000 > 9,999 // 7)
+    assert step(9_999, 1, 10, s) == 63
+    assert step(64 * 10_000, 64, 10, replace(s, sample_scale=0.0)) == 0
 
 
 def test_host_ranking_of_candidates():
     """The tiled path's host ranking: candidates (row * num_docs + doc, score bits) in any order, per row by score
     descending then doc ascending, cut at k (rows with fewer than k, or none, included)."""
-    from ragserve.kernels.gpu.tiles import _rank_host
+    from ragserve.kernels.gpu.selection import _rank_host
 
     rng = np.random.default_rng(7)
     rows, num_docs, k = 5, 1000, 7

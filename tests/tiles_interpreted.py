@@ -9,8 +9,8 @@ import json
 import sys
 
 from indexer.reader import IndexReader
-from ragserve.kernels.gpu import tiles as gpu_tiles
 from ragserve.kernels.gpu.backend import GpuBackend
+from ragserve.kernels.gpu.settings import GpuSettings
 from ragserve.retrieval.searcher import Searcher
 from ragserve.topics import read_queries
 
@@ -35,23 +35,24 @@ def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queri
     assert streaming.describe()["streamed_shards"] >= 1
     bad["hotpot streamed k=10"] = mismatches(streaming, s.backend, qs, 10)
     # A second transfer, and a batch scored again (the first collect cleared the maxima) with more room.
-    gpu_tiles.PEEK, gpu_tiles.MIN_CAPACITY, gpu_tiles.CANDIDATES_PER_HIT = 8, 16, 0
+    small = GpuBackend(reader, device="cpu", kernel="triton", max_batch=4,
+                       settings=GpuSettings(peek=8, min_capacity=16, candidates_per_hit=0))
     launches = []
-    launch = g._launch_chunk
-    g._launch_chunk = lambda *a: (launches.append(1), launch(*a))
-    bad["hotpot k=100, small capacity"] = mismatches(g, s.backend, qs, 100)
+    launch = small._launch_chunk
+    small._launch_chunk = lambda *a: (launches.append(1), launch(*a))
+    bad["hotpot k=100, small capacity"] = mismatches(small, s.backend, qs, 100)
     bad["hotpot k=100, small capacity: no batch scored again"] = int(len(launches) <= 3)
-    del g._launch_chunk
-    gpu_tiles.PEEK, gpu_tiles.MIN_CAPACITY, gpu_tiles.CANDIDATES_PER_HIT = 4096, 1 << 16, 4
     # The collect kernel leaves the maxima zero for the next batch.
-    bad["maxima left nonzero"] = int((g._tiles.maxima != 0).sum() + (g._tiles.tile_maxima != 0).sum())
+    bad["maxima left nonzero"] = sum(int((b._tiles.maxima != 0).sum() + (b._tiles.tile_maxima != 0).sum())
+                                     for b in (g, small))
     reader = IndexReader(arguana_index)
     s = Searcher(reader, backend="cpu", threads=1)
     qs = [s.analyze(q.text) for q in read_queries(arguana_queries)[:2]]  # whole arguments: > 16 terms a tile
     g = GpuBackend(reader, device="cpu", kernel="triton", max_batch=2)
     bad["arguana k=10"] = mismatches(g, s.backend, qs, 10)
-    gpu_tiles.HOST_RANK_MAX = 0  # the device ranking path
-    bad["arguana k=1000, device ranking"] = mismatches(g, s.backend, qs, 1000)
+    device_ranking = GpuBackend(reader, device="cpu", kernel="triton", max_batch=2,
+                                settings=GpuSettings(host_rank_max=0))
+    bad["arguana k=1000, device ranking"] = mismatches(device_ranking, s.backend, qs, 1000)
     print(json.dumps(bad))
     return 1 if any(bad.values()) else 0
 

@@ -1,19 +1,25 @@
-"""The GPU backend: exact BM25 top-k on a CUDA device (torch, Triton and a CUDA C kernel), batched.
+"""The GPU backend: exact BM25 top-k on a CUDA device (torch, Triton and CUDA C kernels), batched.
 
 The layout's arrays go to the device as they are (``postings.u32``, ``blk_id.u32``, ``blk_start.u32`` of each
-shard, concatenated into one arena, and ``norms.u8``). The host turns a batch of queries into work items
-(query, term, shard). Two scoring paths, both equal to the CPU backend bit for bit:
-- ``triton`` (CUDA, the default there): ``gpu_tiles`` scores doc tiles on chip in the canonical term order
-  (``gpu_tiles_cuda``: a shared-memory CUDA C kernel compiled by NVRTC; Triton's tile kernel where NVRTC is
-  missing, and under Triton's interpreter in CI) and keeps only group maxima and the scores that can reach the
-  top-k; the CUDA C kernel adds the terms of a query whose f64 sum is exact in any order (``bm25.sum_is_exact``)
-  all at once with shared-memory atomics, as 64-bit fixed-point sums (``gpu_tiles.flat_shift``);
+shard, concatenated into one arena, and ``norms.u8``; ``memory`` plans what fits). The host turns a batch of queries
+into work items (query, term, shard: ``planning``). Two paths, both equal to the CPU backend bit for bit:
+- ``triton`` (CUDA, the default there), the tiled path: ``relevancy.TileScorer`` scores doc tiles on chip in the
+  canonical term order (``cuda/relevancy.cu``, compiled by NVRTC; Triton's tile kernel where NVRTC is missing, and
+  under Triton's interpreter in CI) and keeps only group maxima and the scores that can reach the top-k; the CUDA C
+  kernel adds the terms of a query whose f64 sum is exact in any order (``bm25.sum_is_exact``) all at once with
+  shared-memory atomics, as 64-bit fixed-point sums (``planning.flat_shift``); ``selection.TileSelector`` finds the
+  top-k from them;
 - ``torch`` (any device, the reference): a dense f64 accumulator of shape [queries, num_docs]; a query whose
   f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go one
-  launch each in ascending term id, so every cell sums in the canonical order.
+  launch each in ascending term id, so every cell sums in the canonical order (``relevancy.score_torch``,
+  ``selection.select_topk``).
 Shards that do not fit the memory budget stay on the host and are staged per batch. On the tiled path, batches
 run in a pipeline: the host plans batch n + 1 and queues it behind batch n's selection, then ranks batch n's
-candidates while the device scores batch n + 1.
+candidates while the device scores batch n + 1. A single query the device plans (every shard resident, CUDA kernels)
+is one CUDA graph launch (``graphs``), with or without stage times: the path the searcher, the server and the RAG
+loops take for one query.
+
+Tuning comes in one ``GpuSettings`` (``settings=``); the options here choose the path and the device.
 
 Nothing global is touched: every tensor lives on the configured device, and kernels run inside
 ``torch.cuda.device(...)`` so a generator can share the GPU (and the current device is restored).
@@ -28,18 +34,19 @@ import time
 import numpy as np
 import torch
 
-from indexer.reader import IndexReader
 from indexer import bm25
-from ragserve.kernels.gpu import dense as K
-from ragserve.kernels.gpu import tiles as T
-from ragserve.kernels.gpu.planning import ItemPlanner, Items
-from ragserve.kernels.gpu.memory import MemoryPlan, MemoryPlanError, plan_memory
-from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS, select_topk
 from indexer.bm25 import QueryTerms
-from ragserve.kernels.contract import Backend, StageTimes, SearchError, TopK
-
-BOUNCE_ELEMS = 16 << 20  # host->device uploads go through a pinned buffer of this many 4-byte words
-DEFAULT_BUDGET_FRACTION = 0.9  # of the free device memory, when no memory_bytes is given
+from indexer.reader import IndexReader
+from ragserve.kernels.contract import Backend, SearchError, StageTimes, TopK
+from ragserve.kernels.gpu import relevancy as R
+from ragserve.kernels.gpu.graphs import QueryGraphs
+from ragserve.kernels.gpu.memory import MemoryPlan, MemoryPlanError, plan_memory
+from ragserve.kernels.gpu.planning import (ItemPlanner, Items, QueryTables, flat_shift, plan_queries, plan_tiles,
+                                           tile_size)
+from ragserve.kernels.gpu.relevancy import TileScorer, score_torch
+from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS, TileSelector, select_topk
+from ragserve.kernels.gpu.settings import GpuSettings
+from ragserve.kernels.gpu.triton_kernels import triton_available
 
 
 def _resolve_device(device: str | None) -> torch.device:
@@ -68,10 +75,13 @@ class GpuBackend(Backend):
 
     def __init__(self, index: IndexReader, device: str | None = None, memory_bytes: int | None = None,
                  max_batch: int = 64, kernel: str = "auto", term_order: str = "auto", topk: str = "blockmax",
-                 **options) -> None:
+                 settings: GpuSettings | None = None, **options) -> None:
         super().__init__(index)
         if options:
             raise SearchError(f"unknown option(s) for the gpu backend: {', '.join(sorted(options))}")
+        if settings is not None and not isinstance(settings, GpuSettings):
+            raise SearchError(f"settings must be a GpuSettings, got {type(settings).__name__}")
+        self.settings = settings = settings or GpuSettings()
         if term_order not in ("auto", "ascending"):
             raise SearchError(f"term_order must be 'auto' or 'ascending', got {term_order!r}")
         if topk not in TOPK_METHODS:
@@ -89,42 +99,50 @@ class GpuBackend(Backend):
             memory_bytes = self._default_budget()
         shard_sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in index.shards]
         tiled = self.kernel == "triton"
+        self._tile = tile_size(index.block_size, settings.tile_max)
+        tpb = index.block_size // self._tile
+        # The CUDA C kernels (compiled now) and the driver's copies where the tiled path runs on CUDA.
+        kernels, copies = R.cuda_parts(self._tile, tpb, self.device, settings) if tiled else (None, None)
         # Host-side tables: work items are planned from them; streamed shards are staged from the layout.
         self._planner = ItemPlanner([s.term_ptr for s in index.shards], [s.blk_start for s in index.shards],
                                     [s.blk_id for s in index.shards])
         # The CUDA tile kernels plan single queries on the device where every shard fits beside its term_ptr.
-        device_plans = tiled and self._cuda and T.SCORER == "cuda"
-        tables = T.QueryTables.nbytes(self._planner, self._n_blocks, index.block_size) if device_plans else 0
-        self.plan: MemoryPlan = self._plan_memory(shard_sizes, int(memory_bytes), max_batch, tiled, tables)
+        tables = QueryTables.nbytes(self._planner, self._n_blocks, tpb) if kernels is not None else 0
+        samples = TileScorer.sample_bytes_per_posting(tpb) if kernels is not None else 0.0
+        self.plan: MemoryPlan = self._plan_memory(shard_sizes, int(memory_bytes), max_batch, tiled, tables, samples)
         norms = np.asarray(index.norms)
         # Smallest possible q over the index (tf >= 1, longest length present): proves f64 sums exact.
         self._max_norm = int(norms.max()) if norms.size else 0
         self._caches: dict[tuple[float, float], tuple[np.ndarray, torch.Tensor]] = {}
         self._acc: torch.Tensor | None = None
+        self._tiles: TileScorer | None = None
+        self._selector: TileSelector | None = None
+        self._graphs: QueryGraphs | None = None  # single queries as one graph launch, where the device plans them
         with self._on_device():
             self._load(norms)
-            self._tiles = (T.TileScorer(self.num_docs, index.block_size, self.tf_bits, self.plan.rows, self.device)
-                           if tiled else None)
             if tiled:
+                self._tiles = TileScorer(self.num_docs, index.block_size, self.tf_bits, self.plan.rows, self.device,
+                                         settings, kernels, copies)
+                self._selector = TileSelector(self._tiles, self.plan.rows, settings)
                 self._tiles.sample(self._post, 0, self._stage_p)  # the resident shards' postings
             if self.plan.table_bytes:
-                self._tiles.set_query_tables(T.QueryTables.build(
+                self._tiles.set_query_tables(QueryTables.build(
                     self._planner, self._ebase, self._pbase, [(s.block_start, s.block_end) for s in index.shards],
                     self._bid, self._bst, self.device))
+                self._graphs = QueryGraphs(self._tiles, self._selector, settings)
 
     # -- setup --------------------------------------------------------------------------------
     def _plan_memory(self, shard_sizes: list[tuple[int, int]], budget: int, max_batch: int, tiled: bool,
-                     tables: int) -> MemoryPlan:
+                     tables: int, samples: float) -> MemoryPlan:
         """The memory plan with ``tables`` bytes of device-plan tables where every shard still fits beside them;
-        otherwise without them (shards stream, or nothing fits: ``MemoryPlanError``)."""
-        block = self.index.block_size
-        cuda_tiles = tiled and self._cuda and T.SCORER == "cuda"
-        samples = T.TileScorer.sample_bytes_per_posting(block) if cuda_tiles else 0.0
+        otherwise without them (shards stream, or nothing fits: ``MemoryPlanError``). ``samples``: the CUDA kernels'
+        bytes a posting."""
+        block, tile = self.index.block_size, self._tile
 
         def plan(table_bytes: int) -> MemoryPlan:
             return plan_memory(self.num_docs, shard_sizes, budget, max_batch,
-                               row_bytes=T.TileScorer.row_bytes(self.num_docs, block) if tiled else None,
-                               work_bytes=T.TileScorer.work_bytes(self.device, block) if tiled else 0,
+                               row_bytes=TileScorer.row_bytes(self.num_docs, block, tile) if tiled else None,
+                               work_bytes=TileScorer.work_bytes(self.device, tile, self.settings) if tiled else 0,
                                table_bytes=table_bytes, posting_extra=samples)
 
         if tables:
@@ -140,9 +158,9 @@ class GpuBackend(Backend):
         if kernel not in ("auto", "triton", "torch"):
             raise SearchError(f"kernel must be 'auto', 'triton' or 'torch', got {kernel!r}")
         if kernel == "auto":
-            return "triton" if self.device.type == "cuda" and T.triton_available() else "torch"
+            return "triton" if self.device.type == "cuda" and triton_available() else "torch"
         if kernel == "triton":
-            if not T.triton_available():
+            if not triton_available():
                 raise SearchError("kernel='triton' asked for, but triton is not installed")
             # Triton's interpreter (TRITON_INTERPRET=1) runs the same kernel on CPU tensors, for checking it.
             if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -153,7 +171,7 @@ class GpuBackend(Backend):
         if self.device.type != "cuda":
             return 1 << 62  # host memory: no device limit to plan for
         free, _ = torch.cuda.mem_get_info(self.device)
-        return int(free * DEFAULT_BUDGET_FRACTION)
+        return int(free * self.settings.budget_fraction)
 
     def _on_device(self):
         """The backend's device made current for a search (its kernels launch in the current context). Nothing to do
@@ -180,7 +198,8 @@ class GpuBackend(Backend):
         self._post = torch.empty(p_off + plan.staging_postings, dtype=torch.int32, device=dev)
         self._bid = torch.empty(e_off + plan.staging_entries, dtype=torch.int32, device=dev)
         self._bst = torch.empty(e_off + plan.staging_entries, dtype=torch.int32, device=dev)
-        self._bounce = (torch.empty(BOUNCE_ELEMS, dtype=torch.int32, pin_memory=True) if self._cuda else None)
+        bounce = self.settings.bounce_elems
+        self._bounce = torch.empty(bounce, dtype=torch.int32, pin_memory=True) if self._cuda else None
         for i in plan.resident:
             sh, p0, e0 = shards[i], int(self._pbase[i]), int(self._ebase[i])
             self._upload(self._post, p0, sh.postings)
@@ -199,9 +218,9 @@ class GpuBackend(Backend):
         if not self._cuda:
             dst[offset:offset + src.size].numpy()[:] = src
             return
-        bounce = self._bounce.numpy()
-        for o in range(0, src.size, BOUNCE_ELEMS):
-            m = min(BOUNCE_ELEMS, src.size - o)
+        bounce, step = self._bounce.numpy(), self._bounce.numel()
+        for o in range(0, src.size, step):
+            m = min(step, src.size - o)
             bounce[:m] = src[o:o + m]
             dst[offset + o:offset + o + m].copy_(self._bounce[:m])  # synchronous: the buffer is reused next
 
@@ -213,8 +232,8 @@ class GpuBackend(Backend):
 
     def describe(self) -> dict:
         p = self.plan
-        path = ({"tile_docs": self._tiles.tile, "tile_scorer": self._tiles.scorer} if self._tiles is not None
-                else {"topk": self.topk})
+        path = ({"tile_docs": self._tiles.tile, "tile_scorer": self._tiles.scorer,
+                 "single_query_graph": self._graphs is not None} if self._tiles is not None else {"topk": self.topk})
         return {"backend": self.name, "device": str(self.device), "kernel": self.kernel,
                 "term_order": self.term_order, **path,
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
@@ -249,8 +268,8 @@ class GpuBackend(Backend):
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
                      times: StageTimes | None = None) -> list[TopK]:
-        if len(queries) == 1 and times is None and self._tiles is not None and self._tiles.plans_on_device(queries[0]):
-            return [self._search_one(queries[0], k, k1, b)]
+        if self._single_graph(queries):
+            return [self._search_one(queries[0], k, k1, b, times)]
         todo = [i for i, q in enumerate(queries) if len(q)]
         empty = TopK(np.zeros(0, np.int64), np.zeros(0, np.float32)) if len(todo) < len(queries) else None
         results: list[TopK] = [empty] * len(queries)
@@ -264,18 +283,29 @@ class GpuBackend(Backend):
                     results[i] = t
         return results
 
-    def _search_one(self, query: QueryTerms, k: int, k1: float, b: float) -> TopK:
-        """A query the device plans, as one graph launch (``TileScorer.start_query``) with none of a batch's bookkeeping:
-        a single query's latency is mostly host work (H200 host: ~10 us of it went to the batch path's)."""
+    def _single_graph(self, queries: list[QueryTerms]) -> bool:
+        """Does this call take the single-query graph path: one query, which the device plans? Timing never changes
+        the answer (``Backend.search_terms``)."""
+        return len(queries) == 1 and self._graphs is not None and self._tiles.plans_on_device(queries[0])
+
+    def _search_one(self, query: QueryTerms, k: int, k1: float, b: float, times: StageTimes | None) -> TopK:
+        """A query the device plans, as one graph launch (``graphs.QueryGraphs``) with none of a batch's bookkeeping:
+        a single query's latency is mostly host work (H200 host: ~10 us of it went to the batch path's). ``times``
+        gains the graph's own scoring time (its events) as relevancy, the rest of the call as retrieval."""
         if not self._is_current():
             with torch.cuda.device(self.device):
-                return self._search_one(query, k, k1, b)
+                return self._search_one(query, k, k1, b, times)
+        t0 = time.perf_counter() if times is not None else 0.0
         _, cache, min_q = self._cache(k1, b)
         shift = self._shift(query, min_q)
-        tiles = self._tiles
-        tiles.begin(1)
-        tiles.start_query(query, shift, self._post, self._norms, cache, k)
-        return tiles.finish_topk(lambda: self._launch_chunk((1, query, None, shift), cache, k))[0][0]
+        self._tiles.begin(1)
+        self._graphs.launch(query, shift, self._post, self._norms, cache, k)
+        tops, _ = self._selector.finish(lambda: self._launch_chunk((1, query, None, shift), cache, k))
+        if times is not None:  # a rescored query's second scoring counts as retrieval: rare, and in no graph
+            relevancy = self._graphs.relevancy_seconds()
+            times.relevancy += relevancy
+            times.retrieval += max(0.0, time.perf_counter() - t0 - relevancy)
+        return tops[0]
 
     def _search_dense(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
                       times: StageTimes | None) -> list[list[TopK]]:
@@ -301,7 +331,7 @@ class GpuBackend(Backend):
         t_start = time.perf_counter()
         timed = times is not None and self._cuda  # device scoring time from events: no synchronisation added
         scored, host_scoring = [], [0.0]  # (start, end) event pairs of the launches; or their host time
-        tiles, out = self._tiles, []
+        selector, out = self._selector, []
 
         def launch(chunk) -> None:
             t = time.perf_counter()
@@ -316,12 +346,12 @@ class GpuBackend(Backend):
         cur = self._plan_chunk(batches[0], min_q)
         launch(cur)
         for n in range(len(batches)):
-            tiles.start_topk(len(batches[n]), k)
+            selector.start(len(batches[n]), k)
             nxt = None
             if n + 1 < len(batches):
                 nxt = self._plan_chunk(batches[n + 1], min_q)
                 launch(nxt)  # queued behind this batch's selection
-            tops, rescored = tiles.finish_topk(functools.partial(launch, cur))
+            tops, rescored = selector.finish(functools.partial(launch, cur))
             if rescored and nxt is not None:
                 launch(nxt)  # scoring this batch again overwrote the next one's
             out.append(tops)
@@ -377,13 +407,13 @@ class GpuBackend(Backend):
         if len(queries) == 1 and self._tiles.plans_on_device(queries[0]):  # planned by the scoring launch
             return 1, queries[0], None, self._shift(queries[0], min_q)
         if not self.plan.streamed:  # one compiled call from the queries to the plan
-            plan = T.plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
+            plan = plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
             return len(queries), plan, None, np.zeros(0, np.int64)
         items = self._planner.items(queries)
         shifts = self._shifts(queries, min_q)
         streamed = np.isin(items.shard, self.plan.streamed)
         resident = items.take(~streamed)
-        return len(queries), T.plan_tiles(self._planner, resident, self._pbase[resident.shard],
+        return len(queries), plan_tiles(self._planner, resident, self._pbase[resident.shard],
                                           self._n_blocks, shifts), items.take(streamed), shifts
 
     def _launch_chunk(self, chunk: tuple, cache: torch.Tensor, k: int) -> None:
@@ -398,13 +428,13 @@ class GpuBackend(Backend):
             part = streamed.take(streamed.shard == s)
             if len(part):
                 pbase, _ = self._stage(s, part)
-                tiles.score(T.plan_tiles(self._planner, part, pbase, self._n_blocks, shifts), self._post,
+                tiles.score(plan_tiles(self._planner, part, pbase, self._n_blocks, shifts), self._post,
                             self._norms, cache, k)
 
     def _shift(self, query: QueryTerms, min_q: float) -> int:
         """The CUDA kernel's flat path for one query: its ``flat_shift`` (0: its terms one after the other; always with
         ``term_order='ascending'``)."""
-        return T.flat_shift(query.weights, min_q) if self.term_order == "auto" else 0
+        return flat_shift(query.weights, min_q) if self.term_order == "auto" else 0
 
     def _shifts(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
         """``_shift`` of each query."""
@@ -450,7 +480,7 @@ class GpuBackend(Backend):
         it = items.take(sel)
         args = (it.a, it.n, e0[sel], it.ne, pbase[sel], it.row * self.num_docs, it.w)
         tail = (self._post, self._bid, self._bst, self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
-        K.score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), *tail)
+        score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), *tail)
 
     def _stage(self, s: int, items: Items) -> tuple[np.ndarray, np.ndarray]:
         """Copy the postings and entries the items need from host shard ``s`` into the staging area.
@@ -492,6 +522,6 @@ class GpuBackend(Backend):
             dst[offset:offset + count].copy_(self._stage_host[which][:count], non_blocking=True)
 
     def close(self) -> None:
-        self._acc = self._tiles = None
+        self._acc = self._tiles = self._selector = self._graphs = None
         self._post = self._bid = self._bst = self._norms = None
         self._caches.clear()

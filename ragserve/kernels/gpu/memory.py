@@ -41,7 +41,7 @@ class MemoryPlan:
     rows: int  # queries scored at once
     row_bytes: int
     work_bytes: int = 0  # scoring scratch, whatever the batch
-    table_bytes: int = 0  # device tables single queries are planned from (gpu_tiles.QueryTables)
+    table_bytes: int = 0  # device tables single queries are planned from (planning.QueryTables)
     posting_extra: float = 0.0  # device bytes a posting beside its 4 (the CUDA kernels' samples)
 
     @property

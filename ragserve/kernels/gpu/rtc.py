@@ -1,9 +1,10 @@
 """Compile CUDA C at run time (NVRTC) and launch it on torch's current stream (CUDA driver API, via ctypes);
 copies through pinned memory, events and captured graphs straight through the driver (``StreamCopies``).
 
-No CUDA toolkit is needed: torch's CUDA wheels bring libnvrtc and the driver brings libcuda. Used where a kernel
-needs what Triton does not expose (shared memory indexed per thread, block barriers), see ``gpu_tiles_cuda``, and
-where a torch op's tens of microseconds of Python would dominate a single query's latency.
+No CUDA toolkit is needed: torch's CUDA wheels bring libnvrtc (the ``nvidia-cuda-nvrtc`` wheel) and the driver brings
+libcuda. Used where a kernel needs what Triton does not expose (shared memory indexed per thread, block barriers), see
+``cuda/*.cu`` and ``cuda_kernels``, and where a torch op's tens of microseconds of Python would dominate a single
+query's latency. ``compile_cubin`` needs no GPU: CI compiles every kernel for sm_90 with it.
 """
 from __future__ import annotations
 
@@ -49,13 +50,58 @@ def _nvrtc() -> ctypes.CDLL:
     names = [f"libnvrtc.so.{major}", "libnvrtc.so"]
     for base in sys.path:  # pip's nvidia-* wheels: nvidia/cuda_nvrtc/lib (CUDA 12) or nvidia/cu13/lib (CUDA 13)
         names += sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib", "libnvrtc.so*")))
-    return _open(names, "NVRTC (libnvrtc)")
+    lib = _open(names, "NVRTC (libnvrtc)")
+    # NVRTC opens libnvrtc-builtins by its soname at compile time: where the wheel's folder is not on the loader's path
+    # (no CUDA torch imported it first), it is loaded from beside libnvrtc.
+    if lib._name and os.path.isabs(lib._name):
+        for builtins in sorted(glob.glob(os.path.join(os.path.dirname(lib._name), "libnvrtc-builtins.so*"))):
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+    return lib
 
 
 def _driver() -> ctypes.CDLL:
     lib = _open(["libcuda.so.1", "libcuda.so"], "the CUDA driver (libcuda)")
     lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+    lib.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+    lib.cuEventSynchronize.argtypes = [ctypes.c_void_p]
+    lib.cuEventElapsedTime.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+    lib.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return lib
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC that ``compile_cubin`` loads."""
+    nvrtc, major, minor = _nvrtc(), ctypes.c_int(), ctypes.c_int()
+    nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+def compile_cubin(source: str, options: list[str], arch: str, name: str = "module") -> bytes:
+    """CUDA C ``source`` compiled by NVRTC into machine code (a cubin) for ``arch`` (e.g. ``sm_90``) with ``options``;
+    no GPU needed. Raises ``RtcError`` with NVRTC's log when it does not build."""
+    nvrtc = _nvrtc()
+    prog = ctypes.c_void_p()
+    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0, None, None):
+        raise RtcError("nvrtcCreateProgram failed")
+    opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in options]
+    try:
+        if nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)):
+            size = ctypes.c_size_t()
+            nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise RtcError(f"compiling {name} failed:\n{log.value.decode(errors='replace')}")
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        cubin = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+    return cubin.raw
 
 
 def _check_driver(lib: ctypes.CDLL, rc: int, what: str) -> None:
@@ -70,25 +116,9 @@ class CudaModule:
 
     def __init__(self, source: str, options: list[str], device: torch.device, name: str = "module") -> None:
         self.device = device
-        nvrtc, self._cuda = _nvrtc(), _driver()
-        prog = ctypes.c_void_p()
-        if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0, None, None):
-            raise RtcError("nvrtcCreateProgram failed")
+        self._cuda = _driver()
         major, minor = torch.cuda.get_device_capability(device)
-        opts = [f"--gpu-architecture=sm_{major}{minor}".encode()] + [o.encode() for o in options]
-        try:
-            if nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)):
-                size = ctypes.c_size_t()
-                nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-                log = ctypes.create_string_buffer(size.value)
-                nvrtc.nvrtcGetProgramLog(prog, log)
-                raise RtcError(f"compiling {name} failed:\n{log.value.decode(errors='replace')}")
-            size = ctypes.c_size_t()
-            nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-            cubin = ctypes.create_string_buffer(size.value)
-            nvrtc.nvrtcGetCUBIN(prog, cubin)
-        finally:
-            nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+        cubin = compile_cubin(source, options, f"sm_{major}{minor}", name)
         with torch.cuda.device(device):
             torch.cuda.synchronize(device)  # the device's primary context is current on this thread
             self._module = ctypes.c_void_p()
@@ -148,25 +178,25 @@ class StreamCopies:
     ``data_ptr()`` values, streams ``cuda_stream`` handles. Create it with the device's context current (inside
     ``torch.cuda.device``)."""
 
-    def __init__(self) -> None:
-        self._cuda = _driver()
-        self._cuda.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        self._cuda.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-        self._cuda.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        self._cuda.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
-        self._cuda.cuEventSynchronize.argtypes = [ctypes.c_void_p]
-        self._cuda.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
-        self._cuda.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    def __init__(self, driver=None) -> None:
+        self._cuda = driver if driver is not None else _driver()  # a recorder stands in for libcuda in CI's tests
         self._events: list[ctypes.c_void_p] = []
         self._streams: list[ctypes.c_void_p] = []
         self._graphs: set[int] = set()
 
-    def event(self) -> ctypes.c_void_p:
-        """A new event (no timing); it is destroyed with this object."""
+    def event(self, timing: bool = False) -> ctypes.c_void_p:
+        """A new event (with ``timing``: one ``elapsed`` can read); it is destroyed with this object."""
         ev = ctypes.c_void_p()
-        _check_driver(self._cuda, self._cuda.cuEventCreate(ctypes.byref(ev), 2), "cuEventCreate")  # DISABLE_TIMING
+        flags = 0 if timing else 2  # CU_EVENT_DEFAULT or CU_EVENT_DISABLE_TIMING
+        _check_driver(self._cuda, self._cuda.cuEventCreate(ctypes.byref(ev), flags), "cuEventCreate")
         self._events.append(ev)
         return ev
+
+    def elapsed(self, start: ctypes.c_void_p, end: ctypes.c_void_p) -> float:
+        """Seconds between the last records of two timing events (both done)."""
+        ms = ctypes.c_float()
+        _check_driver(self._cuda, self._cuda.cuEventElapsedTime(ctypes.byref(ms), start, end), "cuEventElapsedTime")
+        return ms.value / 1e3
 
     def stream(self) -> int:
         """A new stream that does not wait for the legacy default one (copies beside the kernels); it is destroyed

@@ -1,73 +1,42 @@
-"""The tile scoring kernel of ``gpu_tiles`` in CUDA C: the same inputs, outputs and summation order, with the
-tile's f64 accumulator in shared memory.
-
-Triton has no shared memory that threads index freely, so its kernel keeps the tile in a per-program scratch in
-global memory (L1/L2): every posting's read-modify-write, the read-out and the zeroing go through the cache
-hierarchy, and the per-term scalars are pulled out of vectors by reductions. Here one thread block scores one
-(query, tile) unit: the terms' ranges go to shared memory with one round trip, each term's postings are added
-by all threads at once (its docs are distinct, so no two threads touch one cell), a block barrier separates
-the terms (ascending term id: the canonical sum of ``indexer/FORMAT.md``). Arithmetic: every f32 operation
-rounded as written (``--fmad=false``, ``__f*_rn``).
-
-Queries whose f64 sums are exact in any order (``bm25.sum_is_exact``: nearly all) take a flat path instead: the tile's
-postings of all terms are numbered end to end, each thread takes every THREADS-th one, ``UNROLL`` at a time with their
-loads in flight together, and adds it with shared-memory atomics to the doc's 64-bit fixed-point sum (the plan's
-``flat_shift`` per pair: every score an integer there, so the sums are exact, and their f32 roundings are the f64
-sums'). No barrier separates the terms, so a tile costs a few memory round trips instead of a few per term.
-
-Blocks a multiprocessor holds are bounded by the tile's shared memory, so the register budget is set from that
-limit (``min_blocks``; one H200 run, 21M docs, a batch of 64 NQ queries: 5.33 ms with 40 registers and 12 blocks a
-multiprocessor, 5.79 ms with 56 and 9, 6.14 ms with 64 and 8). With the blocks resident, the kernel is bound by
-instruction issue (Nsight Compute: 77% of issue slots busy, DRAM 15%), so the read-out is kept lean: each thread
-compares the f32 scores of its own run of cells, and every warp finds the tile's cut itself, with no second
-barrier.
-
-Under a row's threshold (``theta``, from a sample of the units: see ``gpu_tiles``; or the running threshold, which
-the launch raises from its own tiles' maxima as they finish: ``run_scan``) a tile whose maximum, or a bound above it,
-tracked from the sums the adds store, falls below it returns before the read-out, and groups below it are not
-written: at k > 32, where the tile's own cut keeps every matched group, that was most of the read-out.
-``bm25_filter`` lists the units that may reach the threshold by the same adds as an upper bound (a 2-ulp division and
-16-bit fixed-point sums, two a word, by the integer atomics Hopper has in shared memory while a float's is a
-compare-and-swap loop; a margin for the rest; two tiles a block, 16 blocks a multiprocessor instead of 12), and
-``bm25_listed`` scores the listed ones exactly.
-
-``SELECT_SOURCE`` holds the kernels around the scorer, in the same module: the plan's tile ranges (binary searches of
-samples of the postings, then of SAMPLE postings; the samples are made once the postings are on the device), a
-single query's whole plan with them (``plan_single``: no host planning on its latency path), the k-th largest tile
-maximum (radix select), the collect kernel, which also clears the maxima it read, and a single query's ranking of its
-candidates.
-"""
-from __future__ import annotations
-
-import torch
-
-from ragserve.kernels.gpu.rtc import CudaModule
-
-THREADS = 128  # threads per block: a tile's term has ~0-1,000 postings
-MAX_TERMS = 64  # entries whose ranges sit in shared memory at once (the flat path's prefix sum: 2 per lane)
-UNROLL = 2  # postings per thread in flight at once on the flat path (H200, two runs: 2 beat 4 by 3-10%; 1 and 8 lose)
-COLLECT_GROUPS = 1024  # groups a collect block reads (its tiles' maxima cleared with them: a multiple of TILE / 32)
-BOUNDS_THREADS = 256
-SAMPLE = 32  # tile_start's samples: the tile of every SAMPLE-th posting of the arena (a 128-byte line of postings)
-KTH_THREADS = 1024
-KTH_REG = 16  # tile maxima a kth_largest thread keeps in registers: all of a row up to 16,384 tiles (33M docs)
-COLLECT_THREADS = 256
-SORT_MAX = 2048  # candidates of a single query ranked on the device (16 KiB of keys in shared memory)
-RANK_THREADS = 256
-RANK_SPLIT = 32  # threads counting the keys below one key (a power of two, <= 32: lanes of one warp; H200,
-# 1,050 keys: 2.3 us with 32, 2.6 with 16, 3.0 with 8)
-RANK_BLOCKS = SORT_MAX * RANK_SPLIT // RANK_THREADS
-QMAX = 128  # terms of a query planned on the device (``plan_single``); more: on the host
-QUERY_WORDS = 2 + 2 * QMAX  # its Query struct, in 4-byte words
-PLAN_TERMS = 32  # plan_single's grid covers queries of up to this many terms in one pass
-# The scorer's running threshold (``run_scan``): a histogram of tile maxima, 16 bins a power of two from 2^-40 (the
-# bins' edges 4.4% apart), scanned every RUN_SCAN tiles a row; a row's words: the bins, the tiles counted, the threshold
-# and two spare (rows 16 bytes apart: the scan reads the bins 16 bytes at a time).
-RUN_BINS, RUN_SHIFT, RUN_BASE = 1024, 19, (127 - 40) << 4
-RUN_SCAN = 256
-RUN_WORDS = RUN_BINS + 4
-
-SOURCE = r"""
+// BM25 relevancy on the GPU: one thread block scores one (query, tile) unit of the tile plan (gpu/planning.py) into
+// the tile's f64 accumulator in shared memory, with the summation order and the scores of indexer/FORMAT.md, and keeps
+// only the group maxima and the scores that can reach the top-k (gpu/relevancy.py drives it).
+//
+// Compiled by NVRTC at first use (gpu/rtc.py), with relevancy.cu, planning.cu and selection.cu as one program, options
+// --fmad=false and the -D defines of gpu/cuda_kernels.py's defines(): TILE (docs a tile), TPB (tiles a doc block),
+// THREADS, MAX_TERMS, UNROLL, MIN_BLOCKS, FILTER_BLOCKS, FSPAN and the running threshold's RUN_BINS, RUN_SHIFT,
+// RUN_BASE, RUN_SCAN, RUN_WORDS.
+//
+// Triton has no shared memory that threads index freely, so its kernel (gpu/triton_kernels.py) keeps the tile in a
+// per-program scratch in global memory (L1/L2): every posting's read-modify-write, the read-out and the zeroing go
+// through the cache hierarchy. Here the terms' ranges go to shared memory with one round trip, each term's postings are
+// added by all threads at once (its docs are distinct, so no two threads touch one cell), a block barrier separates
+// the terms (ascending term id: the canonical sum of indexer/FORMAT.md). Arithmetic: every f32 operation rounded as
+// written (--fmad=false, __f*_rn).
+//
+// Queries whose f64 sums are exact in any order (bm25.sum_is_exact: nearly all) take a flat path instead: the tile's
+// postings of all terms are numbered end to end, each thread takes every THREADS-th one, UNROLL at a time with their
+// loads in flight together, and adds it with shared-memory atomics to the doc's 64-bit fixed-point sum (the plan's
+// flat_shift per pair: every score an integer there, so the sums are exact, and their f32 roundings are the f64
+// sums'). No barrier separates the terms, so a tile costs a few memory round trips instead of a few per term.
+//
+// Blocks a multiprocessor holds are bounded by the tile's shared memory, so the register budget is set from that
+// limit (MIN_BLOCKS; one H200 run, 21M docs, a batch of 64 NQ queries: 5.33 ms with 40 registers and 12 blocks a
+// multiprocessor, 5.79 ms with 56 and 9, 6.14 ms with 64 and 8). With the blocks resident, the kernel is bound by
+// instruction issue (Nsight Compute: 77% of issue slots busy, DRAM 15%), so the read-out is kept lean: each thread
+// compares the f32 scores of its own run of cells, and every warp finds the tile's cut itself, with no second barrier.
+//
+// Under a row's threshold (theta, from a sample of the units: see gpu/relevancy.py; or the running threshold, which
+// the launch raises from its own tiles' maxima as they finish: run_scan) a tile whose maximum, or a bound above it,
+// tracked from the sums the adds store, falls below it returns before the read-out, and groups below it are not
+// written: at k > 32, where the tile's own cut keeps every matched group, that was most of the read-out. bm25_filter
+// lists the units that may reach the threshold by the same adds as an upper bound (a 2-ulp division and 16-bit
+// fixed-point sums, two a word, by the integer atomics Hopper has in shared memory while a float's is a
+// compare-and-swap loop; a margin for the rest; two tiles a block, 16 blocks a multiprocessor instead of 12), and
+// bm25_listed scores the listed ones exactly.
+#if !defined(TILE) || !defined(TPB) || !defined(THREADS) || !defined(RUN_WORDS)
+#error "compile with the loader's -D defines (ragserve/kernels/gpu/cuda_kernels.py: defines())"
+#endif
 #define NG (TILE / 32)
 #define CPT (TILE / THREADS)  // read-out: consecutive cells per thread
 #define VPL ((NG + 31) / 32)  // group maxima per lane when one warp selects the k-th largest
@@ -113,7 +82,7 @@ static_assert(MAX_TERMS <= 64, "the flat path's prefix sum takes two counts per 
 // by instruction issue). It is within 2^-20 w below SCORE_EXACT (which loses up to an ulp of w by cancellation when
 // q is small); the filter's test allows for that.
 #define SCORE_BOUND(w, q) __fmul_rn(w, __fdividef(q, __fadd_rn(1.0f, q)))
-// The flat path's sums (exact in any order): s * 2^shift is an integer (``gpu_tiles.flat_shift``), added to the doc's
+// The flat path's sums (exact in any order): s * 2^shift is an integer (``planning.flat_shift``), added to the doc's
 // 64-bit fixed-point sum as two 32-bit words by the shared-memory atomic Hopper has natively, the low word's carry
 // with the high one (a 64-bit add, integer or float, is a compare-and-swap loop: ncu counted 3.2 tries an add). run
 // keeps the largest high word this thread stored: a doc's last high-word add sees its final value, so (run + 1) << 32
@@ -290,7 +259,7 @@ __device__ __forceinline__ void score_unit(const long long unit, UNIT_PARAMS)
     const int tile = (int)(unit % TPB);
     const long long row = pairs[pair], blk = pairs[n_pairs + pair];
     const long long i0 = pairs[2 * n_pairs + pair], i1 = pairs[3 * n_pairs + pair];
-    // the flat path's fixed-point shift (gpu_tiles.flat_shift; 0: the terms in order, f64 sums), kept in shared memory
+    // the flat path's fixed-point shift (planning.flat_shift; 0: the terms in order, f64 sums), kept in shared memory
     // until used (a register held through the ranges made bm25_listed spill)
     const int shift = (int)pairs[4 * n_pairs + pair];
     const bool flat = shift != 0;
@@ -565,348 +534,3 @@ bm25_filter(const long long* __restrict__ ent, long long n_ent, const long long*
         if (__syncthreads_or(pass) && tid == 0) listed[1 + atomicAdd(listed, 1u)] = (unsigned)(unit + h);
     }
 }
-"""
-
-UNIT_SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
-                  "i32", "i64", "i32", "ptr", "ptr"]
-SIGNATURE = UNIT_SIGNATURE + ["i64", "i64"]  # bm25_tiles: and the unit and skip steps
-LISTED_SIGNATURE = UNIT_SIGNATURE + ["ptr"]
-FILTER_SIGNATURE = ["ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", "i64", "i32", "i64", "ptr", "ptr"]
-
-SELECT_SOURCE = r"""
-// The plan's tile ranges and the top-k selection around the scorer: the results of gpu_tiles' Triton kernels and
-// torch.topk, in one module (a launch from Python through ctypes costs a few microseconds, a Triton one tens).
-#define FULL 0xffffffffu
-
-#if SAMPLE_BYTES == 1
-typedef unsigned char sample_t;
-#else
-typedef unsigned short sample_t;
-#endif
-
-// samp[i] = the tile (in its doc block) of the arena's posting SAMPLE * i, for i in [first, first + n).
-extern "C" __global__ void make_samples(const unsigned* __restrict__ post, sample_t* __restrict__ samp,
-                                        long long first, long long n, int tf_bits)
-{
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) samp[first + i] = (sample_t)((__ldg(post + SAMPLE * (first + i)) >> tf_bits) / TILE);
-}
-
-// The first of the count postings from post[start] (an entry) whose doc offset in its block is >= tile * TILE, as an
-// index from start. A binary search of the entry's samples (samp: make_samples') brackets it within SAMPLE postings,
-// and one of those postings (one 128-byte line: L1 after its first read) finds it. A binary search of the postings
-// alone waited on ~log2(count) reads from DRAM, one after the other (H200 ncu: 60% of plan_single's stalls), where the
-// samples, 1/128 of the postings' bytes, mostly sit in L2; eight postings read at once around the guess
-// count * tile / TPB instead made plan_single 6-23% slower, by the reads they add.
-__device__ __forceinline__ int tile_start(const unsigned* __restrict__ post, const sample_t* __restrict__ samp,
-                                          const long long start, const long long count, const int tile,
-                                          const int tf_bits)
-{
-    const long long s0 = (start + SAMPLE - 1) / SAMPLE, s1 = (start + count + SAMPLE - 1) / SAMPLE;  // inside it
-    long long lo = s0, hi = s1;
-    while (lo < hi) {  // the first sample at or past the tile
-        const long long mid = (lo + hi) >> 1;
-        if ((int)__ldg(samp + mid) < tile) lo = mid + 1;
-        else hi = mid;
-    }
-    const long long first = lo;
-    const unsigned long long target = ((unsigned long long)tile * TILE) << tf_bits;
-    lo = first > s0 ? SAMPLE * (first - 1) + 1 : start;  // the sample before is below the tile
-    hi = first < s1 ? SAMPLE * first : start + count;  // this one is not
-    while (lo < hi) {
-        const long long mid = (lo + hi) >> 1;
-        if ((unsigned long long)__ldg(post + mid) < target) lo = mid + 1;
-        else hi = mid;
-    }
-    return (int)(lo - start);
-}
-
-// bounds[e * TPB + j] = tile_start of entry e and tile j.
-extern "C" __global__ void tile_bounds(const long long* __restrict__ ent, long long n_ent,
-                                       const unsigned* __restrict__ post, const sample_t* __restrict__ samp,
-                                       int* __restrict__ bounds, int tf_bits)
-{
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_ent * TPB) return;
-    const long long e = i / TPB;
-    bounds[i] = tile_start(post, samp, ent[e], ent[n_ent + e], (int)(i % TPB), tf_bits);
-}
-
-// A single query's plan, made on the device (the host's plan costs a single query tens of microseconds of its latency),
-// with its tile ranges: dense, every doc block a pair and every (block, query term) an entry, e = b * nt + j with the
-// terms in ascending id, so a block's entries are in the canonical order; an entry whose term has no posting in the
-// block has count 0. The table is the host plan's, its columns `stride` apart whatever the query (entries: start,
-// count, weight bits; then the pairs: row, block, i0, i1, shift), and bounds tile_bounds'. The query is read from
-// device memory (query_in's copy) and the grid is fixed, so a captured graph replays it for any query. A thread for
-// each (entry, tile).
-struct Query {
-    int n, shift;  // terms (at most QMAX); the flat path's shift (gpu_tiles.flat_shift; 0: the terms in order)
-    unsigned term[QMAX];  // ascending
-    int wbits[QMAX];  // f32 weights' bits
-};
-
-// The query from pinned host memory to the device, one block: a kernel reads it over the bus in one round trip, where a
-// copy between the host and a graph's kernels waited ~13 us for the copy engine (H200).
-extern "C" __global__ void query_in(const int* __restrict__ host, int* __restrict__ dev)
-{
-    for (int i = threadIdx.x; i < (int)(sizeof(Query) / 4); i += blockDim.x) dev[i] = host[i];
-}
-
-extern "C" __global__ void plan_single(const Query* __restrict__ q, const unsigned* __restrict__ term_ptr,
-    int n_shards, const int* __restrict__ blk_shard, const long long* __restrict__ shards,
-    const unsigned* __restrict__ blk_id, const unsigned* __restrict__ blk_start, const unsigned* __restrict__ post,
-    const sample_t* __restrict__ samp, long long n_blocks, long long stride, long long* __restrict__ table,
-    int* __restrict__ bounds, int tf_bits)
-{
-    const long long nt = q->n, n = n_blocks * nt * TPB;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        const long long e = i / TPB, b = e / nt;
-        const int tile = (int)(i % TPB), j = (int)(e % nt);
-        // shards: [entry base in the arena, posting base, first block, blocks], a row each of n_shards
-        const int sh = blk_shard[b];
-        const long long t = q->term[j], base = shards[sh];
-        long long lo = base + term_ptr[t * n_shards + sh];
-        const long long end = base + term_ptr[(t + 1) * n_shards + sh];
-        const long long b0 = shards[2 * n_shards + sh];
-        if (end - lo == shards[3 * n_shards + sh]) {  // the term is in every block of the shard
-            lo += b - b0;
-        } else {  // the term's entries are in block order: the first at block b or after
-            long long hi = end;
-            while (lo < hi) {
-                const long long mid = (lo + hi) >> 1;
-                if (__ldg(blk_id + mid) < (unsigned)b) lo = mid + 1;
-                else hi = mid;
-            }
-        }
-        long long start = 0, count = 0;
-        if (lo < end && __ldg(blk_id + lo) == (unsigned)b) {
-            const unsigned a = __ldg(blk_start + lo);
-            start = shards[n_shards + sh] + a;
-            count = __ldg(blk_start + lo + 1) - a;
-        }
-        if (tile == 0) {
-            table[e] = start;
-            table[stride + e] = count;
-            table[2 * stride + e] = q->wbits[j];
-            if (j == 0) {
-                long long* pairs = table + 3 * stride;
-                pairs[b] = 0;
-                pairs[n_blocks + b] = b;
-                pairs[2 * n_blocks + b] = b * nt;
-                pairs[3 * n_blocks + b] = (b + 1) * nt;
-                pairs[4 * n_blocks + b] = q->shift;
-            }
-        }
-        bounds[i] = tile_start(post, samp, start, count, tile, tf_bits);
-    }
-}
-
-// thr[row] = the k-th largest of the row's tile maxima (0 when k > n_tiles: every matched doc is a candidate), by
-// radix select on their bit patterns (non-negative floats order like unsigned integers): 4 passes of 8 bits, each
-// counting the values that share the digits found so far. A thread keeps its first KTH_REG values in registers (one
-// read for all passes). Zeros are not counted (most tiles of a sample, or below its threshold, are zero: one
-// shared-memory counter would take them all): fewer than need nonzero values under the prefix make the answer 0.
-// (H200, a single query's 10,368 maxima: 7.3 us; skipping the leading bytes every value shares, found by reductions
-// first, took 8.1-9.6, and counts aggregated over a warp by ballots 10.) Also clears the 8-byte count at count (the
-// collect kernel's, or the head of the filter's list).
-extern "C" __global__ void __launch_bounds__(KTH_THREADS) kth_largest(const float* __restrict__ tile_maxima,
-    long long n_tiles, int k, float* __restrict__ thr, unsigned long long* __restrict__ count)
-{
-    __shared__ unsigned hist[256];
-    __shared__ unsigned s_prefix;
-    __shared__ int s_need;
-    const int tid = threadIdx.x, lane = tid & 31;
-    if (count && tid == 0 && blockIdx.x == 0) count[0] = 0;
-    if (k > n_tiles) {
-        if (tid == 0) thr[blockIdx.x] = 0.0f;
-        return;
-    }
-    const float* x = tile_maxima + blockIdx.x * n_tiles;
-    unsigned v[KTH_REG];
-#pragma unroll
-    for (int j = 0; j < KTH_REG; ++j) {
-        const long long i = tid + (long long)j * KTH_THREADS;
-        v[j] = i < n_tiles ? __float_as_uint(x[i]) : 0u;
-    }
-    unsigned prefix = 0, mask = 0;
-    int need = k;  // the k-th largest is the need-th largest of the values under the prefix; 0: it is 0
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += KTH_THREADS) hist[i] = 0;
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < KTH_REG; ++j)
-            if (v[j] && (v[j] & mask) == prefix) atomicAdd(&hist[(v[j] >> shift) & 255u], 1u);
-        for (long long i = tid + (long long)KTH_REG * KTH_THREADS; i < n_tiles; i += KTH_THREADS) {
-            const unsigned u = __float_as_uint(x[i]);
-            if (u && (u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
-        }
-        __syncthreads();
-        if (tid < 32) {  // lane l holds digits 255 - 8l down to 248 - 8l; counts from the top by a scan over lanes
-            unsigned c[8], sum = 0;
-            for (int j = 0; j < 8; ++j) {
-                c[j] = hist[255 - 8 * lane - j];
-                sum += c[j];
-            }
-            unsigned incl = sum;
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned up = __shfl_up_sync(FULL, incl, o);
-                if (lane >= o) incl += up;
-            }
-            const unsigned hit = __ballot_sync(FULL, incl >= (unsigned)need);
-            if (hit == 0) {
-                if (lane == 0) s_need = 0;
-            } else if (lane == __ffs(hit) - 1) {
-                unsigned above = incl - sum;
-                int j = 0;
-                while (above + c[j] < (unsigned)need) above += c[j++];
-                s_need = need - (int)above;
-                s_prefix = prefix | ((unsigned)(255 - 8 * lane - j) << shift);
-            }
-        }
-        __syncthreads();
-        need = s_need;
-        if (need == 0) break;
-        prefix = s_prefix;
-        mask |= 255u << shift;
-    }
-    if (tid == 0) thr[blockIdx.x] = need == 0 ? 0.0f : __uint_as_float(prefix);
-}
-
-// Append (row * num_docs + doc, score bits) of the docs scoring >= the row's threshold (at least the smallest
-// positive score) to found[2:], counting them in found[0] (past cap only counted). Each lane reads one group
-// maximum; only the groups reaching the threshold are read, a warp each. Then it clears what it read, the group
-// maxima and their tiles' maxima, and the row's running threshold, so they are zero for the next batch.
-extern "C" __global__ void __launch_bounds__(COLLECT_THREADS) collect(const float* __restrict__ scores,
-    float* __restrict__ maxima, float* __restrict__ tile_maxima, const float* __restrict__ thr, long long num_docs,
-    long long n_groups, long long n_tiles, unsigned long long* __restrict__ found, long long cap,
-    unsigned* __restrict__ running)
-{
-    const long long row = blockIdx.y;
-    if (blockIdx.x == 0)  // the scorer's running threshold of the row, at rest again
-        for (int i = threadIdx.x; i < RUN_WORDS; i += COLLECT_THREADS) running[row * RUN_WORDS + i] = 0u;
-    const float t = fmaxf(thr[row], __int_as_float(1));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long g0 = (long long)blockIdx.x * COLLECT_GROUPS, g1 = min(g0 + COLLECT_GROUPS, n_groups);
-    float* m = maxima + row * n_groups;
-    const float* tm = tile_maxima + row * n_tiles;
-    for (long long base = g0 + 32 * warp; base < g1; base += COLLECT_THREADS) {
-        const long long g = base + lane;
-        // a tile that wrote no group maxima has none to read (most: a row's tiles under the scorer's threshold)
-        const float gm = g < g1 && tm[g * 32 / TILE] != 0.0f ? m[g] : 0.0f;
-        if (gm != 0.0f) m[g] = 0.0f;
-        for (unsigned sel = __ballot_sync(FULL, gm >= t); sel; sel &= sel - 1) {
-            const long long doc = (base + __ffs(sel) - 1) * 32 + lane;
-            const float s = doc < num_docs ? scores[row * num_docs + doc] : 0.0f;
-            const bool ok = doc < num_docs && s >= t;
-            const unsigned okm = __ballot_sync(FULL, ok);
-            unsigned long long first = 0;
-            if (lane == 0 && okm) first = atomicAdd(found, (unsigned long long)__popc(okm));
-            const unsigned long long pos = __shfl_sync(FULL, first, 0) + __popc(okm & ((1u << lane) - 1u));
-            if (ok && pos < (unsigned long long)cap) {
-                found[2 + 2 * pos] = (unsigned long long)(row * num_docs + doc);
-                found[3 + 2 * pos] = (unsigned)__float_as_int(s);
-            }
-        }
-    }
-    const long long t0 = g0 * 32 / TILE, t1 = min(t0 + COLLECT_GROUPS * 32 / TILE, n_tiles);
-    __syncthreads();  // every warp has read the tiles' maxima
-    for (long long i = t0 + threadIdx.x; i < t1; i += COLLECT_THREADS)
-        if (tile_maxima[row * n_tiles + i] != 0.0f) tile_maxima[row * n_tiles + i] = 0.0f;
-}
-
-// A single query's ranking, after collect: when its n = found[0] candidates are all stored and n <= SORT_MAX, the
-// first min(n, k, out_cap) of them by their keys (0x7FFFFFFF - score bits) << 32 | doc in ascending order (score
-// descending, then doc ascending: FORMAT.md's ranking; positive f32 scores order like their bits) go to pinned host
-// memory the host reads when the kernel is done, with no copy to wait for: the docs as int64 from out[2], the scores' f32
-// bits from out[2 + out_cap] on, the result's arrays as they are (unpacking keys cost the host ~5 us at k = 1,000);
-// out[0] = n in any case. Otherwise the host ranks
-// them (or the query is scored again with more room). The keys are distinct (one a doc), so a key's place is the number
-// of keys below it: every block loads them all to shared memory and RANK_SPLIT threads count for each of its keys, a
-// share each. No barrier between the steps of a sort, and the work spread over SORT_MAX * RANK_SPLIT / RANK_THREADS
-// blocks: a one-block merge sort took 16 us for ~1,050 keys on the H200.
-extern "C" __global__ void __launch_bounds__(RANK_THREADS) rank_candidates(const unsigned long long* __restrict__ found,
-    long long cap, unsigned long long* __restrict__ out, int k, int out_cap)
-{
-    __shared__ unsigned long long keys[SORT_MAX];
-    const unsigned long long count = found[0];
-    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = count;
-    if (count > (unsigned long long)cap || count > SORT_MAX) return;
-    const int n = (int)count, per = RANK_THREADS / RANK_SPLIT, first = blockIdx.x * per;
-    if (first >= n) return;
-    for (int i = threadIdx.x; i < n; i += RANK_THREADS)
-        keys[i] = (0x7FFFFFFFull - found[3 + 2 * i]) << 32 | (found[2 + 2 * i] & 0xFFFFFFFFull);
-    __syncthreads();
-    const int mine = first + threadIdx.x / RANK_SPLIT, part = threadIdx.x % RANK_SPLIT;
-    const unsigned long long key = mine < n ? keys[mine] : 0ull;
-    int below = 0;
-    for (int j = part; j < n; j += RANK_SPLIT) below += keys[j] < key;
-    for (int o = 1; o < RANK_SPLIT; o <<= 1) below += __shfl_xor_sync(FULL, below, o);  // the key's RANK_SPLIT lanes
-    if (mine < n && part == 0 && below < min(k, out_cap)) {
-        out[2 + below] = key & 0xFFFFFFFFull;
-        reinterpret_cast<unsigned*>(out + 2 + out_cap)[below] = 0x7FFFFFFFu - (unsigned)(key >> 32);
-    }
-}
-"""
-
-
-def threads(tile: int) -> int:
-    """Threads per block for ``tile``-doc tiles (a power of two >= 32)."""
-    return min(THREADS, tile)
-
-
-def min_blocks(tile: int) -> int:
-    """Blocks that fit a multiprocessor's shared memory (~228 KiB on Hopper; the tile's f64 cells, ~2 KiB of other
-    arrays and 1 KiB reserved each), as a register budget: more registers would leave fewer blocks resident."""
-    return max(1, min(32, 2048 // threads(tile), (228 << 10) // (8 * tile + (3 << 10))))
-
-
-def filter_span(tpb: int) -> int:
-    """Tiles a ``bm25_filter`` block bounds at once (``tpb`` tiles a doc block)."""
-    return 2 if tpb % 2 == 0 else 1
-
-
-def filter_blocks(tile: int, tpb: int) -> int:
-    """``min_blocks`` of the filter: 2 bytes a doc of its span."""
-    return max(1, min(32, 2048 // threads(tile), (228 << 10) // (2 * filter_span(tpb) * tile + (3 << 10))))
-
-
-def sample_bytes(tpb: int) -> int:
-    """Bytes of a ``make_samples`` sample: a tile of a doc block (``tpb`` of them)."""
-    return 1 if tpb <= 256 else 2
-
-
-def defines(tile: int, tpb: int) -> dict[str, int]:
-    """The module's compile-time constants for ``tile``-doc tiles, ``tpb`` of them a doc block."""
-    return {"TILE": tile, "TPB": tpb, "THREADS": threads(tile), "MAX_TERMS": MAX_TERMS, "UNROLL": UNROLL,
-            "MIN_BLOCKS": min_blocks(tile), "FILTER_BLOCKS": filter_blocks(tile, tpb),
-            "FSPAN": filter_span(tpb), "COLLECT_GROUPS": COLLECT_GROUPS,
-            "KTH_THREADS": KTH_THREADS, "KTH_REG": KTH_REG, "COLLECT_THREADS": COLLECT_THREADS,
-            "SORT_MAX": SORT_MAX, "SAMPLE": SAMPLE, "SAMPLE_BYTES": sample_bytes(tpb), "RANK_THREADS": RANK_THREADS,
-            "RANK_SPLIT": RANK_SPLIT, "QMAX": QMAX,
-            "RUN_BINS": RUN_BINS, "RUN_SHIFT": RUN_SHIFT, "RUN_BASE": RUN_BASE, "RUN_SCAN": RUN_SCAN,
-            "RUN_WORDS": RUN_WORDS}
-
-
-class TileKernels:
-    """The module's kernels for one tile size: ``scorer``, ``filter`` and ``listed`` (``SOURCE``), ``samples``,
-    ``bounds``, ``query_in``, ``plan``, ``kth``, ``collect`` and ``rank`` (``SELECT_SOURCE``); launch the first three
-    with ``threads(tile)`` threads a block."""
-
-    def __init__(self, tile: int, tpb: int, device: torch.device) -> None:
-        module = CudaModule(SOURCE + SELECT_SOURCE, ["--fmad=false"] + [f"-D{k}={v}" for k, v in
-                                                                      defines(tile, tpb).items()],
-                            device, "bm25_tiles")
-        self.scorer = module.kernel("bm25_tiles", SIGNATURE)
-        self.filter = module.kernel("bm25_filter", FILTER_SIGNATURE)
-        self.listed = module.kernel("bm25_listed", LISTED_SIGNATURE)
-        # bm25_listed's grid: the blocks that are resident at once
-        self.listed_grid = torch.cuda.get_device_properties(device).multi_processor_count * min_blocks(tile)
-        self.bounds = module.kernel("tile_bounds", ["ptr", "i64", "ptr", "ptr", "ptr", "i32"])
-        self.samples = module.kernel("make_samples", ["ptr", "ptr", "i64", "i64", "i32"])
-        self.kth = module.kernel("kth_largest", ["ptr", "i64", "i32", "ptr", "ptr"])
-        self.collect = module.kernel("collect", ["ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "ptr", "i64", "ptr"])
-        self.rank = module.kernel("rank_candidates", ["ptr", "i64", "ptr", "i32", "i32"])
-        self.query_in = module.kernel("query_in", ["ptr", "ptr"])
-        self.plan = module.kernel("plan_single", ["ptr", "ptr", "i32", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64",
-                                                  "i64", "ptr", "ptr", "i32"])
