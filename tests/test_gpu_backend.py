@@ -713,7 +713,7 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_batches_ranked_by_torch_ops(hotpot):
-    """Batches whose candidates the device ranks with torch ops (past ``HOST_RANK_MAX``), several in the pipeline (each
+    """Batches whose candidates the device ranks with torch ops (past ``host_rank_max``), several in the pipeline (each
     ranked while the next is queued): every batch gets the cpu backend's top-k."""
     reader, cpu, queries = hotpot
     g = GpuBackend(reader, kernel="triton", max_batch=8, settings=GpuSettings(host_rank_max=0))
@@ -729,7 +729,7 @@ def test_cuda_batches_ranked_by_torch_ops(hotpot):
 def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_path, term_order, ratio,
                                                    monkeypatch):
     """The CUDA scorer's sample of units and the threshold it sets, then either the filter and the scoring of
-    the units it lists (FILTER_RATIO 1: wherever k <= the units sampled a row) or every unit scored with the tiles
+    the units it lists (filter_ratio 1: wherever k <= the units sampled a row) or every unit scored with the tiles
     below it not read out (1000): small blocks make ~80 tiles, enough for a sample at k = 1 and 10; the top-k
     stays the cpu backend's."""
     reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
