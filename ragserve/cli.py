@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 # Order is the order of `ragserve --help`.
 COMMAND_MODULES = ["index", "search", "info", "eval_run", "serve", "eval", "corpus"]
@@ -11,6 +12,19 @@ COMMAND_MODULES = ["index", "search", "info", "eval_run", "serve", "eval", "corp
 
 class CliError(Exception):
     """A user error: printed as one line on stderr, exit status 2."""
+
+
+def output_path(path: str | Path, what: str = "output") -> Path:
+    """``path`` as a file to write, its parent folders created (every command's output paths behave alike);
+    CliError when it names a folder or its folder cannot be made."""
+    p = Path(path)
+    if p.is_dir():
+        raise CliError(f"{what} {p} is a directory; give a file name")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"cannot create the folder of {what} {p}: {e.strerror or e}") from None
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:

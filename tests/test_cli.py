@@ -59,6 +59,32 @@ def test_batch_search_writes_trec_run_matching_single_queries(wiki_index, tmp_pa
     assert all(float(a[4]) == pytest.approx(h["score"], rel=1e-6) for a, h in zip(q2, single))
 
 
+def test_output_paths_get_their_folders_or_a_one_line_error(wiki_index, tmp_path):
+    topics = tmp_path / "q.tsv"
+    topics.write_text("q1\tfootball club\n")
+    run = tmp_path / "runs" / "deep" / "run.trec"  # folders that do not exist yet
+    r = ragserve("search", "--index", str(wiki_index), "--queries", str(topics), "-k", "3", "--output", str(run))
+    assert r.returncode == 0, r.stderr
+    assert len(run.read_text().splitlines()) == 3
+    synth = tmp_path / "corpora" / "new" / "s.jsonl"
+    r = ragserve("corpus", "synth", "--docs", "20", "--out", str(synth))
+    assert r.returncode == 0, r.stderr
+    assert len(synth.read_text().splitlines()) == 20
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for args, message in [
+        (["search", "--index", str(wiki_index), "--queries", str(topics), "--output", str(tmp_path)], "is a directory"),
+        (["search", "--index", str(wiki_index), "--queries", str(topics), "--output", f"{blocker}/r.trec"],
+         "cannot create the folder"),
+        (["corpus", "synth", "--docs", "5", "--out", str(tmp_path)], "is a directory"),
+        (["corpus", "synth", "--docs", "5", "--out", f"{blocker}/s.jsonl"], "cannot create the folder"),
+        (["index", str(synth), "--out", f"{blocker}/idx", "--quiet"], "cannot write the index"),
+    ]:
+        r = ragserve(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
 @pytest.mark.parametrize("args, message", [
     (["index", "/no/such/file.jsonl", "--out", "X"], "does not exist"),
     (["search", "--index", "/no/such/index", "q"], "no such index"),

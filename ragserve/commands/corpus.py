@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ragserve.cli import CliError
+from ragserve.cli import CliError, output_path
 from ragserve.recipes import FetchError, RecipeError, fetch, get_recipe, recipes
 
 
@@ -70,6 +70,8 @@ def run_fetch(args: argparse.Namespace) -> int:
         paths = fetch(recipe, dest, progress=_bar_factory(bars), timeout=args.timeout)
     except FetchError as e:
         raise CliError(str(e)) from None
+    except OSError as e:  # --dest (or a folder above it) is a file, or not writable
+        raise CliError(f"cannot write to {dest}: {e.strerror or e}") from None
     finally:
         for bar in bars:
             bar.close()
@@ -90,9 +92,9 @@ def run_synth(args: argparse.Namespace) -> int:
 
     if args.queries and not args.queries_out:
         raise CliError("--queries needs --queries-out FILE")
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        raise CliError(f"{out.parent}: no such directory")
+    out = output_path(args.out, "corpus file")
+    if args.queries_out:
+        output_path(args.queries_out, "queries file")
     try:
         params = replace(WIKI_PARAMS, length_mean=WIKI_PARAMS.length_mean if args.length is None else args.length,
                          length_std=WIKI_PARAMS.length_std if args.length_std is None else args.length_std)
@@ -102,6 +104,8 @@ def run_synth(args: argparse.Namespace) -> int:
                                  queries_path=args.queries_out, progress=bar.update, workers=args.workers)
     except ValueError as e:
         raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot write {e.filename or out}: {e.strerror or e}") from None
     seconds = time.perf_counter() - start
     print(f"wrote {stats.docs:,} passages, {stats.tokens:,} tokens, {stats.bytes / 1e6:,.1f} MB of JSONL to {out} "
           f"in {seconds:.1f} s ({stats.docs / seconds:,.0f} passages/s)")

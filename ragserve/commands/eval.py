@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ragserve.cli import CliError
+from ragserve.cli import CliError, output_path
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
 METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")
@@ -91,6 +91,8 @@ def run_build_index(args: argparse.Namespace) -> int:
     from ragserve.rag.corpus import build_dataset_index
     from ragserve.rag.datasets import DatasetError
 
+    if args.corpus:
+        output_path(args.corpus, "corpus file")
     fmt, examples = _read(args)
     try:
         manifest = build_dataset_index(examples, args.out, args.corpus, overwrite=args.overwrite,
@@ -134,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"method {args.method!r} needs --index")
     if args.limit is not None and args.limit < 0:
         raise CliError("--limit must be >= 0")
+    output_path(args.out, "results file")
+    if args.summary_json:
+        output_path(args.summary_json, "summary file")
     fmt, examples = _read(args)
     published = PUBLISHED.get(_family(fmt), PUBLISHED["hotpotqa"])
     try:

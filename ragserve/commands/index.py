@@ -7,7 +7,7 @@ import sys
 
 from indexer.analyzer import AnalyzerConfig
 from indexer.layout import DEFAULT_BANK_BYTES, DEFAULT_BLOCK_SIZE
-from ragserve.cli import CliError
+from ragserve.cli import CliError, output_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
                                passage_words=args.passage_words)
     except (BuildError, CorpusError) as e:
         raise CliError(str(e)) from e
+    except OSError as e:  # e.g. a folder above --out is a file, or not writable
+        raise CliError(f"cannot write the index to {args.out}: {e.strerror or e}") from None
     st, lay, src = manifest["stats"], manifest["layout"], manifest["source"]
     print(f"indexed {st['num_docs']:,} documents ({src.get('skipped', 0):,} malformed records skipped) into {args.out}: "
           f"{st['vocab_size']:,} terms, {st['num_postings']:,} postings, {lay['num_shards']} shard(s), "

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from ragserve.cli import CliError
+from ragserve.cli import CliError, output_path
 
 BATCH = 256  # queries per backend call in file mode
 
@@ -89,7 +89,10 @@ def _run_file(args: argparse.Namespace, searcher) -> int:
         queries = read_queries(args.queries)
     except (OSError, TopicsError) as e:
         raise CliError(str(e)) from e
-    out = open(args.output, "w") if args.output else sys.stdout
+    try:
+        out = open(output_path(args.output, "run file"), "w") if args.output else sys.stdout
+    except OSError as e:
+        raise CliError(f"cannot write the run file {args.output}: {e.strerror or e}") from None
     t0 = time.perf_counter()
     n_empty = 0
     try:
