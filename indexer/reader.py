@@ -46,6 +46,9 @@ class IndexReader:
     def __init__(self, path: str | Path, verify: bool = False) -> None:
         self.path = Path(path)
         mpath = self.path / L.MANIFEST
+        if self.path.is_file():
+            raise InvalidIndexError(f"{self.path} is a file, not an index directory (ragserve index --out DIR "
+                                    "makes one)")
         if not self.path.is_dir():
             raise InvalidIndexError(f"{self.path}: no such index directory")
         if not mpath.is_file():

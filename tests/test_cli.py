@@ -95,6 +95,7 @@ def test_output_paths_get_their_folders_or_a_one_line_error(wiki_index, tmp_path
     (["search", "--index", "{idx}", "q", "--backend", "quantum"], "unknown backend"),
     (["search", "--index", "{idx}", "q", "--b", "2"], "b must be between"),
     (["info", "{tmp}"], "not an index"),
+    (["search", "--index", "{bad}", "q"], "is a file, not an index directory"),
     (["index", "{bad}", "--out", "{tmp}/o", "--on-error", "fail", "--quiet"], "bad.jsonl"),
 ])
 def test_errors_are_one_clear_line_and_exit_2(wiki_index, tmp_path, args, message):
@@ -127,5 +128,28 @@ def test_truncated_dump_indexes_what_was_read_and_warns(tmp_path):
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["source"]["truncated"] == [str(cut)] and m["stats"]["num_docs"] > 100
     r = ragserve("index", str(cut), "--out", str(tmp_path / "o2"), "--quiet", "--on-error", "fail")
-    assert r.returncode == 2 and "cut-pages-articles.xml.bz2" in r.stderr
+    assert r.returncode == 2 and "cut-pages-articles.xml.bz2" in r.stderr and "truncated" in r.stderr
+    assert "were read" not in r.stderr  # nothing is kept under --on-error fail
     assert not (tmp_path / "o2").exists()
+
+
+def test_hits_without_a_title_print_no_empty_title_column(tmp_path):
+    corpus = tmp_path / "untitled.jsonl"  # BEIR ArguAna's layout: an empty title on every record
+    corpus.write_text('{"_id": "d1", "title": "", "text": "nuclear power is dangerous"}\n'
+                      '{"_id": "d2", "title": "Wind", "text": "wind power is clean"}\n')
+    assert ragserve("index", str(corpus), "--out", str(tmp_path / "i"), "--quiet").returncode == 0
+    r = ragserve("search", "--index", str(tmp_path / "i"), "power")
+    assert r.returncode == 0, r.stderr
+    heads = {line.split()[2]: line for line in r.stdout.splitlines() if not line.startswith(" " * 6)}
+    assert heads["d1"].endswith("  d1") and heads["d2"].endswith("  d2  Wind")
+
+
+def test_gpu_backend_without_a_gpu_gives_the_command_line_hint(wiki_index):
+    from ragserve.kernels.registry import get_backend_class
+
+    if get_backend_class("gpu").is_available()[0]:
+        pytest.skip("a GPU is usable here")
+    r = ragserve("search", "--index", str(wiki_index), "q", "--backend", "gpu")
+    assert r.returncode == 2 and "--device cpu" in r.stderr and "device='cpu'" not in r.stderr, r.stderr
+    r = ragserve("search", "--index", str(wiki_index), "football", "--backend", "gpu", "--device", "cpu", "-k", "2")
+    assert r.returncode == 0, r.stderr

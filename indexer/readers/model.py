@@ -75,10 +75,10 @@ class ReadContext:
         yielded; the partial record at the cut is lost, so this is never silent: it raises under "fail" and is
         recorded (errors + ``truncated``) under "skip"."""
         self.truncated = True
-        message = (f"{what} stream ends before its end-of-stream marker (truncated file?) at line {line}; "
-                   f"records before line {line} were read, the rest of the file is lost")
-        if self.on_error == "fail":
+        message = f"{what} stream ends before its end-of-stream marker (truncated file?) at line {line}"
+        if self.on_error == "fail":  # nothing read is kept: the caller stops here
             raise CorpusError(f"{self.path}:{line}: {message}")
+        message += f"; records before line {line} were read, the rest of the file is lost"
         self.stats.truncated.append(str(self.path))
         self.stats.add_error(ReadError(str(self.path), line, message))
 

@@ -1,0 +1,18 @@
+"""The sub-commands of ``ragserve`` (one module each) and what several of them share."""
+from __future__ import annotations
+
+from ragserve.cli import CliError
+
+
+def check_backend(name: str, device_option: bool = False) -> None:
+    """A gpu backend asked for where no GPU is usable: say so in the command line's words (the backend's own
+    message names the Python argument). ``device_option``: the command has a ``--device`` for the backend (and
+    it was not given)."""
+    if name != "gpu":
+        return
+    from ragserve.kernels.registry import get_backend_class
+
+    ok, why = get_backend_class("gpu").is_available()
+    if not ok:
+        also = "; --device cpu runs its kernels on the CPU" if device_option else ""
+        raise CliError(f"the gpu backend cannot run here ({why}): use --backend cpu or auto{also}")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ragserve.cli import CliError, output_path
+from ragserve.commands import check_backend
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
 METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")
@@ -111,6 +112,7 @@ def _retriever(args: argparse.Namespace):
     from ragserve.kernels.contract import SearchError
     from ragserve.retrieval.searcher import Searcher
 
+    check_backend(args.backend)
     try:
         searcher = Searcher(args.index, backend=args.backend)
         if not args.reranker:

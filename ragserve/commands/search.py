@@ -7,6 +7,7 @@ import sys
 import time
 
 from ragserve.cli import CliError, output_path
+from ragserve.commands import check_backend
 
 BATCH = 256  # queries per backend call in file mode
 
@@ -42,6 +43,8 @@ def _searcher(args: argparse.Namespace):
         opts["xclbin"] = args.xclbin
     if args.device:
         opts["device"] = int(args.device) if args.device.isdigit() else args.device
+    if not args.device:
+        check_backend(args.backend, device_option=True)
     try:
         return Searcher(args.index, backend=args.backend, **opts)
     except (InvalidIndexError, SearchError) as e:
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                 print("no document matches the query")
             for rank, h in enumerate(hits if not args.json else [], 1):
                 text = h.text if len(h.text) <= 200 else h.text[:200] + "..."
-                print(f"{rank:3d}  {h.score:9.4f}  {h.id}  {h.title}\n      {text}")
+                title = f"  {h.title}" if h.title else ""  # BEIR ArguAna and others have no titles
+                print(f"{rank:3d}  {h.score:9.4f}  {h.id}{title}\n      {text}")
             return 0
         return _run_file(args, searcher)
     except SearchError as e:

@@ -7,6 +7,7 @@ import os
 import sys
 
 from ragserve.cli import CliError
+from ragserve.commands import check_backend
 
 ENV_API_KEY = "RAGSERVE_API_KEY"
 WAITRESS_BODY_SLACK = 1 << 20
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                        f"(pass --api-key or set {ENV_API_KEY})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     opts = {"xclbin": args.xclbin} if args.xclbin else {}
+    check_backend(args.backend)
     try:
         searcher = Searcher(args.index, backend=args.backend, **opts)
     except (InvalidIndexError, SearchError, RuntimeError) as e:
