@@ -114,8 +114,10 @@ def test_index_skips_malformed_records_and_reports_them(tmp_path):
     bad.write_text('{"id": "1", "contents": "fine words"}\n{not json\n{"id": "3", "contents": "more words"}\n')
     r = ragserve("index", str(bad), "--out", str(tmp_path / "o"), "--quiet")
     assert r.returncode == 0, r.stderr
-    assert "indexed 2 documents (1 malformed records skipped)" in r.stdout
-    assert "bad.jsonl" in r.stdout and ":2" in r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("indexed 2 documents into")
+    assert lines[1] == "1 input problem(s): 1 malformed record(s) skipped, 0 truncated file(s)"
+    assert lines[2].startswith(f"  {bad}:2: broken JSON") and len(lines) == 3
 
 
 def test_truncated_dump_indexes_what_was_read_and_warns(tmp_path):
@@ -125,6 +127,9 @@ def test_truncated_dump_indexes_what_was_read_and_warns(tmp_path):
     r = ragserve("index", str(cut), "--out", str(tmp_path / "o"), "--quiet")
     assert r.returncode == 0, r.stderr
     assert "ends early" in r.stderr
+    lines = r.stdout.splitlines()  # the count line says what the listed line is: no "0 skipped" then a skip
+    assert lines[1] == "1 input problem(s): 0 malformed record(s) skipped, 1 truncated file(s)"
+    assert lines[2].startswith(f"  {cut}:") and "truncated" in lines[2] and len(lines) == 3
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["source"]["truncated"] == [str(cut)] and m["stats"]["num_docs"] > 100
     r = ragserve("index", str(cut), "--out", str(tmp_path / "o2"), "--quiet", "--on-error", "fail")

@@ -89,6 +89,19 @@ def test_truncated_bz2_xml(tmp_path: Path) -> None:
     assert str(cut) in str(err) and "truncated" in str(err)
 
 
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_cut_before_the_first_bz2_block_is_truncated_not_empty(tmp_path: Path, on_error: str) -> None:
+    cut = tmp_path / "pages-articles-100k.xml.bz2"  # `head -c 100000`: less than one bzip2 block
+    cut.write_bytes(shared(*XML_DUMP).read_bytes()[:100_000])
+    with pytest.raises(CorpusError) as exc:
+        iter_documents([cut], on_error=on_error)
+    assert f"{cut}: truncated bzip2 stream" in str(exc.value) and "empty" not in str(exc.value)
+    empty = tmp_path / "empty.xml.bz2"
+    empty.write_bytes(bz2.compress(b""))
+    with pytest.raises(CorpusError, match="empty file"):
+        iter_documents([empty], on_error=on_error)
+
+
 def test_truncated_gzip_jsonl_then_next_file(tmp_path: Path) -> None:
     source = shared("beir-arguana", "corpus.jsonl.gz")
     cut = _truncated(tmp_path, source, "corpus-cut.jsonl.gz")

@@ -95,7 +95,9 @@ def sniff(path: Path, compression: str | None) -> bytes:
                     break
                 head += chunk
         except EOFError:  # truncated: the start is enough to detect, the reader reports the truncation
-            pass
+            if not head:  # not an empty file: the cut came before the first block could be decompressed
+                raise CorpusError(f"{path}: truncated {compression} stream: it ends before its first block is "
+                                  f"complete, so nothing can be read") from None
         except _CORRUPT as e:
             raise CorpusError(f"{path}: unreadable {compression} data: {e}") from e
     return head

@@ -63,14 +63,19 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:  # e.g. a folder above --out is a file, or not writable
         raise CliError(f"cannot write the index to {args.out}: {e.strerror or e}") from None
     st, lay, src = manifest["stats"], manifest["layout"], manifest["source"]
-    print(f"indexed {st['num_docs']:,} documents ({src.get('skipped', 0):,} malformed records skipped) into {args.out}: "
+    print(f"indexed {st['num_docs']:,} documents into {args.out}: "
           f"{st['vocab_size']:,} terms, {st['num_postings']:,} postings, {lay['num_shards']} shard(s), "
           f"{lay['num_blocks']} block(s) of {lay['block_size']:,} docs, {manifest['build_seconds']:.1f} s")
-    for err in src.get("errors", [])[:5]:
-        print(f"  skipped: {err}")
-    if src.get("error_count", 0) > 5:
-        print(f"  ... {src['error_count'] - 5} more (all counted in {args.out}/manifest.json)")
-    for path in src.get("truncated", []):
+    # One count line for what the list below shows: malformed records and truncated files alike.
+    skipped, truncated, problems = src.get("skipped", 0), src.get("truncated", []), src.get("error_count", 0)
+    if problems:
+        print(f"{problems:,} input problem(s): {skipped:,} malformed record(s) skipped, "
+              f"{len(truncated)} truncated file(s)")
+        for err in src.get("errors", [])[:5]:
+            print(f"  {err}")
+        if problems > 5:
+            print(f"  ... {problems - 5:,} more (the first 100 are listed in {args.out}/manifest.json)")
+    for path in truncated:
         print(f"warning: {path} ends early (truncated or corrupt compressed data); documents before the cut "
               f"were indexed", file=sys.stderr)
     return 0
