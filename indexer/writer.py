@@ -395,6 +395,11 @@ class _Progress:
     def close(self) -> None:
         self.bar.close()
 
+    def discard(self) -> None:
+        """Erase the bar: an error message follows, which must start on a clean line with no bar after it."""
+        self.bar.leave = False
+        self.bar.close()
+
 
 def _iter_batches(docs: Iterable, size: int) -> Iterator[list]:
     batch = []
@@ -461,29 +466,33 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, rea
         ing.add_chunk(res)
         bar.docs(res[4].size)
 
-    if workers > 1:
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        # ProcessPoolExecutor, not multiprocessing.Pool: Pool's worker-handler thread spins while a large result
-        # waits in the pipe (it polls the result pipe), which cost the main process seconds of CPU.
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_pool_worker,
-                                 initargs=(analyzer.config_dict(),)) as pool:
-            # Up to `window` chunks in flight, results taken in order: this thread reads ahead while the pool's
-            # threads move chunks and results, and memory stays bounded.
-            window = 2 * workers + 2
-            pending: deque[Future] = deque()
-            try:
-                for batch in prepared():
-                    pending.append(pool.submit(_analyse_chunk, batch))
-                    if len(pending) >= window:
+    try:
+        if workers > 1:
+            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+            # ProcessPoolExecutor, not multiprocessing.Pool: Pool's worker-handler thread spins while a large result
+            # waits in the pipe (it polls the result pipe), which cost the main process seconds of CPU.
+            with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_pool_worker,
+                                     initargs=(analyzer.config_dict(),)) as pool:
+                # Up to `window` chunks in flight, results taken in order: this thread reads ahead while the pool's
+                # threads move chunks and results, and memory stays bounded.
+                window = 2 * workers + 2
+                pending: deque[Future] = deque()
+                try:
+                    for batch in prepared():
+                        pending.append(pool.submit(_analyse_chunk, batch))
+                        if len(pending) >= window:
+                            add(pending.popleft().result())
+                    while pending:
                         add(pending.popleft().result())
-                while pending:
-                    add(pending.popleft().result())
-            finally:
-                pool.shutdown(cancel_futures=True)
-    else:
-        _init_worker(analyzer.config_dict())
-        for batch in prepared():
-            add(_analyse_chunk(batch))
+                finally:
+                    pool.shutdown(cancel_futures=True)
+        else:
+            _init_worker(analyzer.config_dict())
+            for batch in prepared():
+                add(_analyse_chunk(batch))
+    except BaseException:
+        bar.discard()
+        raise
     bar.close()
     ing.finish_streams()
     if ing.num_docs == 0:

@@ -158,3 +158,16 @@ def test_gpu_backend_without_a_gpu_gives_the_command_line_hint(wiki_index):
     assert r.returncode == 2 and "--device cpu" in r.stderr and "device='cpu'" not in r.stderr, r.stderr
     r = ragserve("search", "--index", str(wiki_index), "football", "--backend", "gpu", "--device", "cpu", "-k", "2")
     assert r.returncode == 0, r.stderr
+
+
+def test_indexing_error_is_not_written_onto_the_progress_bar(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "contents": "fine"}\n{not json\n')
+    r = ragserve("index", str(bad), "--out", str(tmp_path / "o"), "--on-error", "fail")  # bars on
+    assert r.returncode == 2
+    at = r.stderr.index("ragserve index: error:")
+    before, after = r.stderr[:at], r.stderr[at:]
+    # The bar (drawn with carriage returns) is erased first, so the message starts on a clean line...
+    assert before == "" or before.endswith("\n") or (before.endswith("\r") and not before.split("\r")[-2].strip())
+    # ...and no stale bar is redrawn after it.
+    assert after.count("\n") == 1 and after.endswith("\n") and "%|" not in after
