@@ -5,6 +5,7 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 # Order is the order of `ragserve --help`.
 COMMAND_MODULES = ["index", "search", "info", "eval_run", "serve", "eval", "corpus"]
@@ -27,8 +28,16 @@ def output_path(path: str | Path, what: str = "output") -> Path:
     return p
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the CLI's error style: one line naming where to look next, exit 2 (no usage block).
+    Sub-command parsers inherit it (``add_subparsers`` makes parsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ragserve", description="Exact BM25 retrieval and RAG on CPU, GPU and FPGA.")
+    parser = ArgumentParser(prog="ragserve", description="Exact BM25 retrieval and RAG on CPU, GPU and FPGA.")
     from ragserve import __version__
     parser.add_argument("--version", action="version", version=f"ragserve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

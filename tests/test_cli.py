@@ -171,3 +171,18 @@ def test_indexing_error_is_not_written_onto_the_progress_bar(tmp_path):
     assert before == "" or before.endswith("\n") or (before.endswith("\r") and not before.split("\r")[-2].strip())
     # ...and no stale bar is redrawn after it.
     assert after.count("\n") == 1 and after.endswith("\n") and "%|" not in after
+
+
+def test_format_names_are_the_readmes_and_argparse_errors_are_one_line():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Input formats"):].split("\n\n")[1]
+    names = [row.split("|")[1].strip().strip("`") for row in table.splitlines()[2:]]
+    assert "{auto," + ",".join(names) + "}" in ragserve("index", "--help").stdout
+    for name in names:  # accepted: the run gets past argument parsing to the missing input
+        r = ragserve("index", "/no/such/corpus", "--out", "/no/such/x", "--format", name)
+        assert r.returncode == 2 and "does not exist" in r.stderr, (name, r.stderr)
+    for args in (["index", "c.xml", "--out", "x", "--format", "xml"], ["search", "q"], ["corpus", "synth", "--docs", "x"],
+                 ["nosuchcommand"]):
+        r = ragserve(*args)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, (args, r.stderr)
+        assert "error:" in r.stderr and "--help'" in r.stderr and "usage:" not in r.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from indexer.readers import FORMATS
 from ragserve.cli import main
 from ragserve.recipes import RecipeError, fetch, get_recipe, parse_recipe, recipes
 from ragserve.fetch import FetchError, download
@@ -211,7 +212,7 @@ def test_bundled_recipes_are_well_formed():
     assert {"dpr-wiki", "wikipedia-20231101-en"} | {f"beir-{n}" for n in
             ("arguana", "scifact", "nfcorpus", "fiqa", "trec-covid", "hotpotqa", "nq", "msmarco")} <= set(known)
     for r in known.values():
-        assert r.format in ("jsonl", "dpr-tsv", "parquet") and r.checksum_source
+        assert r.format in FORMATS and r.checksum_source
         for f in r.files:
             assert f.url.startswith("https://")
             algo, digest = f.checksum

@@ -12,7 +12,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from indexer.readers import FORMATS, Document, ReadStats, iter_documents
+from indexer.readers import ALIASES, FORMATS, Document, ReadStats, iter_documents
 from indexer.readers.wikitext import clean_wikitext
 from tests.conftest import shared
 
@@ -25,8 +25,47 @@ def read(paths: list[Path], **kw) -> tuple[list[Document], ReadStats]:
     return list(iter_documents(paths, stats=stats, **kw)), stats
 
 
-def test_formats_listed() -> None:
-    assert set(FORMATS) == {"dpr-tsv", "jsonl", "json", "parquet", "arrow", "mediawiki-xml"}
+def test_formats_listed_under_the_readme_names() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Input formats"):].split("\n\n")[1]
+    names = [row.split("|")[1].strip().strip("`") for row in table.splitlines()[2:]]
+    assert names == list(FORMATS) == ["dpr-tsv", "jsonl", "hf", "mediawiki", "wikiextractor"]
+
+
+def _one_record_file(tmp_path: Path, name: str) -> Path:
+    """A file with the record ("1", "T", "alpha beta") in the layout of the reader ``name``."""
+    table = pa.table({"id": ["1"], "title": ["T"], "text": ["alpha beta"]})
+    path = tmp_path / f"c.{name}"
+    if name == "jsonl":
+        path.write_text('{"id": "1", "title": "T", "text": "alpha beta"}\n', encoding="utf-8")
+    elif name == "mediawiki":
+        path.write_text("<mediawiki><page><title>T</title><ns>0</ns><id>1</id><revision><text>alpha beta</text>"
+                        "</revision></page></mediawiki>\n", encoding="utf-8")
+    elif name == "hf":
+        pq.write_table(table, path)
+    else:  # an Arrow IPC file
+        with ipc.new_file(path, table.schema) as w:
+            w.write_table(table)
+    return path
+
+
+@pytest.mark.parametrize("alias, name", [("json", "jsonl"), ("parquet", "hf"), ("arrow", "hf"),
+                                         ("mediawiki-xml", "mediawiki")])
+def test_earlier_names_are_aliases(tmp_path: Path, alias: str, name: str) -> None:
+    assert ALIASES[alias] == name
+    path = _one_record_file(tmp_path, "arrow" if alias == "arrow" else name)
+    docs = [(d.id, d.title, d.text) for d in iter_documents([path], fmt=alias)]
+    assert docs == [(d.id, d.title, d.text) for d in iter_documents([path], fmt=name)]
+    assert docs in ([("1", "T", "alpha beta")], [("1_0", "T", "alpha beta")])  # mediawiki pages are articles
+
+
+def test_wikiextractor_format_splits_every_record(tmp_path: Path) -> None:
+    path = tmp_path / "wiki_00"  # a WikiExtractor record without the url key jsonl would infer articles from
+    path.write_text(json.dumps({"id": "7", "title": "T", "text": "T\none two three four five"}) + "\n")
+    as_articles = [(d.id, d.text) for d in iter_documents([path], fmt="wikiextractor", passage_words=3)]
+    assert as_articles == [("7_0", "one two three"), ("7_1", "four five")]
+    assert [(d.id, d.text) for d in iter_documents([path], fmt="jsonl", passage_words=3)] == \
+        [("7", "T\none two three four five")]
 
 
 def test_beir_arguana_gzip() -> None:

@@ -4,10 +4,14 @@
 every input (exists, not empty, known format) when called, then returns a lazy iterator. Formats (``FORMATS``):
 
 - ``dpr-tsv``: DPR ``psgs_w100.tsv`` (header ``id text title``, CSV-quoted fields)
-- ``jsonl`` / ``json``: JSON lines / JSON array (``json`` also accepts lines) of pyserini, BEIR, FlashRAG,
-  WikiExtractor or generic records (see ``records.py``)
-- ``parquet`` / ``arrow``: HF ``datasets`` files, same column conventions
-- ``mediawiki-xml``: MediaWiki ``pages-articles`` dumps
+- ``jsonl``: JSON lines or one JSON array of pyserini, BEIR, FlashRAG, WikiExtractor or generic records (see
+  ``records.py``)
+- ``hf``: HF ``datasets`` files, Parquet or Arrow, same column conventions
+- ``mediawiki``: MediaWiki ``pages-articles`` dumps
+- ``wikiextractor``: WikiExtractor ``--json`` output, every record a whole article (``jsonl`` infers that from
+  the record's keys)
+
+The earlier names ``json``, ``parquet``, ``arrow`` and ``mediawiki-xml`` are aliases (``ALIASES``).
 
 Whole Wikipedia articles (XML pages, WikiExtractor / ``wikimedia/wikipedia`` records) are cut into passages of
 ``passage_words`` words with ids ``<id>_<n>``; ``passage_words=0`` keeps them whole. Other records are documents
@@ -26,15 +30,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from indexer.readers.detect import FORMATS, RANDOM_ACCESS, detect_format
-from indexer.readers.jsonl import read_json, read_jsonl
+from indexer.readers.detect import ALIASES, FORMAT_HELP, FORMATS, RANDOM_ACCESS, canonical_format, detect_format
+from indexer.readers.jsonl import read_json
 from indexer.readers.mediawiki import read_mediawiki
 from indexer.readers.model import ON_ERROR, CorpusError, Document, ReadContext, ReadError, ReadStats
 from indexer.readers.source import compression_of, sniff
-from indexer.readers.table import read_arrow, read_parquet
+from indexer.readers.table import ARROW_FILE_MAGIC, ARROW_STREAM_MAGIC, read_arrow, read_parquet
 from indexer.readers.tsv import read_dpr_tsv
 
-__all__ = ["FORMATS", "CorpusError", "Document", "ReadError", "ReadStats", "iter_documents"]
+__all__ = ["ALIASES", "FORMATS", "FORMAT_HELP", "CorpusError", "Document", "ReadError", "ReadStats",
+           "canonical_format", "iter_documents"]
 
 
 def _plan(path: Path, fmt: str) -> tuple[Path, str, str | None]:
@@ -58,6 +63,7 @@ def iter_documents(paths: list[str | Path], fmt: str = "auto", on_error: str = "
                    stats: ReadStats | None = None, passage_words: int = 100) -> Iterator[Document]:
     """Documents of all ``paths`` in order. Argument and input checks raise here, at the call; reading is lazy
     and streams (memory bounded by the largest record). ``stats`` (if given) is updated as reading goes."""
+    fmt = canonical_format(fmt)
     if fmt != "auto" and fmt not in FORMATS:
         raise CorpusError(f"unknown corpus format {fmt!r}; use auto or one of {', '.join(FORMATS)}")
     if on_error not in ON_ERROR:
@@ -89,12 +95,11 @@ def _read_all(plans: list[tuple[Path, str, str | None]], on_error: str, stats: R
 def _reader(ctx: ReadContext, fmt: str, compression: str | None, passage_words: int) -> Iterator[Document]:
     if fmt == "dpr-tsv":
         return read_dpr_tsv(ctx, compression)
-    if fmt == "jsonl":
-        return read_jsonl(ctx, compression, passage_words)
-    if fmt == "json":
-        return read_json(ctx, compression, passage_words)
-    if fmt == "parquet":
-        return read_parquet(ctx, passage_words)
-    if fmt == "arrow":
-        return read_arrow(ctx, passage_words)
+    if fmt in ("jsonl", "wikiextractor"):
+        return read_json(ctx, compression, passage_words, article=True if fmt == "wikiextractor" else None)
+    if fmt == "hf":  # Arrow IPC by its magic bytes; anything else goes to the Parquet reader, which says why not
+        with open(ctx.path, "rb") as f:
+            head = f.read(len(ARROW_FILE_MAGIC))
+        arrow = head.startswith(ARROW_FILE_MAGIC) or head.startswith(ARROW_STREAM_MAGIC)
+        return read_arrow(ctx, passage_words) if arrow else read_parquet(ctx, passage_words)
     return read_mediawiki(ctx, compression, passage_words)

@@ -5,15 +5,29 @@ from pathlib import Path
 
 from indexer.readers.model import CorpusError
 from indexer.readers.source import sniff
-from indexer.readers.table import ARROW_FILE_MAGIC
+from indexer.readers.table import ARROW_FILE_MAGIC, ARROW_STREAM_MAGIC
 
-# Reader names accepted by iter_documents(fmt=...), besides "auto".
-FORMATS = ("dpr-tsv", "jsonl", "json", "parquet", "arrow", "mediawiki-xml")
-RANDOM_ACCESS = ("parquet", "arrow")  # read by pyarrow from the file itself: cannot be gzip/bzip2-compressed
+# The corpus formats, under the names the README and `ragserve index --help` use; iter_documents(fmt=...) takes
+# these or "auto".
+FORMAT_HELP = {
+    "dpr-tsv": "DPR psgs_w100.tsv: id<TAB>text<TAB>title with a header line",
+    "jsonl": "JSON lines or one JSON array of records (pyserini, BEIR, FlashRAG, generic)",
+    "hf": "Hugging Face datasets files, Parquet or Arrow (e.g. wikimedia/wikipedia)",
+    "mediawiki": "MediaWiki pages-articles XML dumps",
+    "wikiextractor": "WikiExtractor --json output: whole articles, split into passages",
+}
+FORMATS = tuple(FORMAT_HELP)
+# Earlier names of the same readers, still accepted.
+ALIASES = {"json": "jsonl", "parquet": "hf", "arrow": "hf", "mediawiki-xml": "mediawiki"}
+RANDOM_ACCESS = ("hf",)  # read by pyarrow from the file itself: cannot be gzip/bzip2-compressed
 
-_EXTENSIONS = {".tsv": "dpr-tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
-               ".arrow": "arrow", ".feather": "arrow", ".xml": "mediawiki-xml"}
-_ARROW_STREAM_MAGIC = b"\xff\xff\xff\xff"  # continuation marker that starts every IPC stream message
+_EXTENSIONS = {".tsv": "dpr-tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "hf",
+               ".arrow": "hf", ".feather": "hf", ".xml": "mediawiki"}
+
+
+def canonical_format(name: str) -> str:
+    """``name`` with an earlier alias replaced by the format's name (unknown names are returned as they are)."""
+    return ALIASES.get(name, name)
 
 
 def detect_format(path: Path, compression: str | None) -> str:
@@ -25,17 +39,13 @@ def detect_format(path: Path, compression: str | None) -> str:
     if ext in _EXTENSIONS:
         return _EXTENSIONS[ext]
     head = sniff(path, compression)
-    if head.startswith(b"PAR1"):
-        return "parquet"
-    if head.startswith(ARROW_FILE_MAGIC) or head.startswith(_ARROW_STREAM_MAGIC):
-        return "arrow"
+    if head.startswith(b"PAR1") or head.startswith(ARROW_FILE_MAGIC) or head.startswith(ARROW_STREAM_MAGIC):
+        return "hf"
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if text.startswith(b"<"):
-        return "mediawiki-xml"
-    if text.startswith(b"{"):
+        return "mediawiki"
+    if text.startswith(b"{") or text.startswith(b"["):
         return "jsonl"
-    if text.startswith(b"["):
-        return "json"
     if head.split(b"\n", 1)[0].rstrip(b"\r").lstrip(b"\xef\xbb\xbf") == b"id\ttext\ttitle":
         return "dpr-tsv"
     raise CorpusError(f"{path}: cannot tell the corpus format from its name or content; "

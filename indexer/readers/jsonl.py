@@ -34,11 +34,8 @@ def record_documents(ctx: ReadContext, record: object, line: int, passage_words:
         ctx.stats.filtered += 1
 
 
-def read_jsonl(ctx: ReadContext, compression: str | None, passage_words: int) -> Iterator[Document]:
-    yield from _jsonl(ctx, iter_lines(ctx, compression), passage_words)
-
-
-def _jsonl(ctx: ReadContext, lines: Iterable[tuple[int, str]], passage_words: int) -> Iterator[Document]:
+def _jsonl(ctx: ReadContext, lines: Iterable[tuple[int, str]], passage_words: int,
+           article: bool | None) -> Iterator[Document]:
     for line, text in lines:
         if not text or text.isspace():  # not text.strip(), which copies every line
             continue
@@ -47,11 +44,13 @@ def _jsonl(ctx: ReadContext, lines: Iterable[tuple[int, str]], passage_words: in
         except json.JSONDecodeError as e:
             ctx.malformed(line, f"broken JSON: {e.msg} at column {e.colno}")
             continue
-        yield from record_documents(ctx, record, line, passage_words)
+        yield from record_documents(ctx, record, line, passage_words, article)
 
 
-def read_json(ctx: ReadContext, compression: str | None, passage_words: int) -> Iterator[Document]:
-    """A JSON array of record objects, or JSON lines (as HF ``datasets``' json loader accepts both).
+def read_json(ctx: ReadContext, compression: str | None, passage_words: int,
+              article: bool | None = None) -> Iterator[Document]:
+    """JSON lines, or a JSON array of record objects (as HF ``datasets``' json loader accepts both). ``article``:
+    whether records are whole Wikipedia articles (None: inferred from each record's keys).
 
     An array is decoded one element at a time: lines are added to a buffer until the pending element
     decodes. A syntax error in the array itself cannot be resynchronised, so it is fatal in both modes."""
@@ -62,7 +61,7 @@ def read_json(ctx: ReadContext, compression: str | None, passage_words: int) -> 
     else:
         raise ctx.fatal("no JSON content")
     if not text.lstrip().startswith("["):
-        yield from _jsonl(ctx, _chain_first((line, text), lines), passage_words)
+        yield from _jsonl(ctx, _chain_first((line, text), lines), passage_words, article)
         return
     buf = text[text.index("[") + 1:]
     buf_line = line  # line number of buf[0]
@@ -89,7 +88,7 @@ def read_json(ctx: ReadContext, compression: str | None, passage_words: int) -> 
                 record, end = _decoder.raw_decode(buf)
             except json.JSONDecodeError:
                 break  # incomplete: wait for more lines
-            yield from record_documents(ctx, record, buf_line, passage_words)
+            yield from record_documents(ctx, record, buf_line, passage_words, article)
             buf_line += buf.count("\n", 0, end)
             buf, expect_value = buf[end:], False
         nxt = next(lines, None)

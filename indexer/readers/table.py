@@ -15,6 +15,7 @@ from indexer.readers.source import open_raw
 
 _BATCH_ROWS = 1024
 ARROW_FILE_MAGIC = b"ARROW1"
+ARROW_STREAM_MAGIC = b"\xff\xff\xff\xff"  # continuation marker that starts every IPC stream message
 
 
 def _columns(ctx: ReadContext, schema: pa.Schema) -> tuple[list[str], bool]:

@@ -11,15 +11,16 @@ from ragserve.cli import CliError, output_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("index", help="build an index from corpus files (TSV, JSONL, Parquet, MediaWiki XML)",
+    from indexer.readers import FORMAT_HELP, FORMATS, canonical_format
+
+    p = sub.add_parser("index", help=f"build an index from corpus files ({', '.join(FORMATS)})",
                        description="Build a sharded BM25 index (layout: indexer/FORMAT.md) from corpus files. "
-                                   "Compressed inputs (.gz, .bz2) are read as they are.")
+                                   "Compressed inputs (.gz, .bz2) are read as they are. Formats: "
+                                   + "; ".join(f"{n}: {h}" for n, h in FORMAT_HELP.items()) + ".")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="corpus files")
     p.add_argument("--out", required=True, help="index directory to create")
-    from indexer.readers import FORMATS
-
-    p.add_argument("--format", default="auto", choices=["auto", *FORMATS],
-                   help="input format (default: detect from compression, name and content)")
+    p.add_argument("--format", default="auto", choices=["auto", *FORMATS], type=canonical_format,
+                   help="input format (default auto: from compression, name and content)")
     p.add_argument("--on-error", choices=["skip", "fail"], default="skip",
                    help="malformed records: count and skip them (default) or stop at the first")
     p.add_argument("--passage-words", type=int, default=100,
