@@ -13,6 +13,39 @@ from ragserve.retrieval.searcher import Hit
 from tests.conftest import shared
 
 
+# Small records in the published formats of 2WikiMultihopQA, MuSiQue and IIRC.
+TWOWIKI = [{"_id": "a1b2", "type": "compositional", "question": "Who is the father of the director of film X?",
+           "context": [["Film X", ["Film X is a 1950 film.", " It was directed by Jane Doe."]],
+                       ["Jane Doe", ["Jane Doe is a director.", " Her father is John Doe."]],
+                       ["Other", ["Unrelated."]]],
+           "supporting_facts": [["Film X", 1], ["Jane Doe", 1]],
+           "evidences": [["Film X", "director", "Jane Doe"], ["Jane Doe", "father", "John Doe"]],
+           "answer": "John Doe", "answer_id": "Q42"}]
+MUSIQUE = [{"id": "2hop__1_2", "question": "Where was the author of Book born?", "answer": "Springfield",
+            "answer_aliases": ["Springfield, IL"], "answerable": True,
+            "question_decomposition": [{"id": 1, "question": "author of Book", "answer": "A. Writer"}],
+            "paragraphs": [{"idx": 0, "title": "Book", "paragraph_text": "Book was written by A. Writer.",
+                            "is_supporting": True},
+                           {"idx": 1, "title": "A. Writer", "paragraph_text": "A. Writer was born in Springfield.",
+                            "is_supporting": True},
+                           {"idx": 2, "title": "Noise", "paragraph_text": "Nothing here.", "is_supporting": False}]},
+           {"id": "2hop__3_4", "question": "Unanswerable?", "answer": "x", "answer_aliases": [],
+            "answerable": False, "paragraphs": []}]
+IIRC = [{"title": "Main Article", "text": "Main text linking to Linked Page.",
+         "links": [{"target": "Linked Page", "indices": [20, 31]}],
+         "questions": [
+             {"qid": "q1", "question": "How old was he?",
+              "answer": {"type": "value", "answer_value": "53", "answer_unit": "years"},
+              "context": [{"passage": "main", "text": "Main text", "indices": [0, 9]},
+                          {"passage": "Linked Page", "text": "born 1811", "indices": [0, 9]}]},
+             {"qid": "q2", "question": "Who?", "answer": {"type": "span", "answer_spans": [
+                 {"text": " Bob Rock ", "passage": "linked page", "type": "answer", "start": 0, "end": 8}]},
+              "context": [{"passage": "Linked Page", "text": "Bob Rock", "indices": [0, 8]}]},
+             {"qid": "q3", "question": "Did it?", "answer": {"type": "binary", "answer_value": "yes"},
+              "context": []},
+             {"qid": "q4", "question": "Unknown?", "answer": {"type": "none"}, "context": []}]}]
+
+
 def test_hotpotqa_original():
     ex = read_dataset(shared("hotpotqa-train100-original", "hotpotqa_train.json"))
     assert len(ex) == 100
@@ -52,13 +85,7 @@ def test_nq_open_tsv_with_csv_quoting():
 
 
 def test_2wiki_with_aliases(tmp_path):
-    data = [{"_id": "a1b2", "type": "compositional", "question": "Who is the father of the director of film X?",
-             "context": [["Film X", ["Film X is a 1950 film.", " It was directed by Jane Doe."]],
-                         ["Jane Doe", ["Jane Doe is a director.", " Her father is John Doe."]],
-                         ["Other", ["Unrelated."]]],
-             "supporting_facts": [["Film X", 1], ["Jane Doe", 1]],
-             "evidences": [["Film X", "director", "Jane Doe"], ["Jane Doe", "father", "John Doe"]],
-             "answer": "John Doe", "answer_id": "Q42"}]
+    data = TWOWIKI
     (tmp_path / "dev.json").write_text(json.dumps(data))
     (tmp_path / "id_aliases.json").write_text(
         json.dumps({"Q_id": "Q42", "aliases": ["J. Doe", "Johnny Doe"], "demonyms": []}) + "\n")
@@ -70,16 +97,7 @@ def test_2wiki_with_aliases(tmp_path):
 
 
 def test_musique_skips_unanswerable(tmp_path):
-    rows = [{"id": "2hop__1_2", "question": "Where was the author of Book born?", "answer": "Springfield",
-             "answer_aliases": ["Springfield, IL"], "answerable": True,
-             "question_decomposition": [{"id": 1, "question": "author of Book", "answer": "A. Writer"}],
-             "paragraphs": [{"idx": 0, "title": "Book", "paragraph_text": "Book was written by A. Writer.",
-                             "is_supporting": True},
-                            {"idx": 1, "title": "A. Writer", "paragraph_text": "A. Writer was born in Springfield.",
-                             "is_supporting": True},
-                            {"idx": 2, "title": "Noise", "paragraph_text": "Nothing here.", "is_supporting": False}]},
-            {"id": "2hop__3_4", "question": "Unanswerable?", "answer": "x", "answer_aliases": [],
-             "answerable": False, "paragraphs": []}]
+    rows = MUSIQUE
     p = tmp_path / "musique_ans_v1.0_dev.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert sniff_format(p) == "musique"
@@ -89,19 +107,7 @@ def test_musique_skips_unanswerable(tmp_path):
 
 
 def test_iirc_answer_types(tmp_path):
-    data = [{"title": "Main Article", "text": "Main text linking to Linked Page.",
-             "links": [{"target": "Linked Page", "indices": [20, 31]}],
-             "questions": [
-                 {"qid": "q1", "question": "How old was he?",
-                  "answer": {"type": "value", "answer_value": "53", "answer_unit": "years"},
-                  "context": [{"passage": "main", "text": "Main text", "indices": [0, 9]},
-                              {"passage": "Linked Page", "text": "born 1811", "indices": [0, 9]}]},
-                 {"qid": "q2", "question": "Who?", "answer": {"type": "span", "answer_spans": [
-                     {"text": " Bob Rock ", "passage": "linked page", "type": "answer", "start": 0, "end": 8}]},
-                  "context": [{"passage": "Linked Page", "text": "Bob Rock", "indices": [0, 8]}]},
-                 {"qid": "q3", "question": "Did it?", "answer": {"type": "binary", "answer_value": "yes"},
-                  "context": []},
-                 {"qid": "q4", "question": "Unknown?", "answer": {"type": "none"}, "context": []}]}]
+    data = IIRC
     p = tmp_path / "iirc_dev.json"
     p.write_text(json.dumps(data))
     assert sniff_format(p) == "iirc"
@@ -163,3 +169,47 @@ def test_prompt_numbers_passages_and_continues_the_answer():
     assert "[1] Title A: one two three ...\n[2] Title B: five\n" in p
     assert p.endswith("Question: What?\nAnswer: First step.")
     assert pb.build("What?").endswith("Question: What?\nAnswer:") and "Context:" not in pb.build("What?")
+
+
+def _other_form(records: list, native_lines: bool, path) -> None:
+    """Write ``records`` in the form their format does not natively use: one indented JSON array (as HippoRAG
+    and KAG ship them) for a JSON-lines format, JSON lines for an array format."""
+    if native_lines:
+        path.write_text(json.dumps(records, indent=2, ensure_ascii=False), encoding="utf-8")
+    else:
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+
+
+def _load_records(path) -> list:
+    text = path.read_text(encoding="utf-8")
+    return json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x]
+
+
+@pytest.mark.parametrize("fmt, source", [
+    ("hotpotqa", ("hotpotqa-train100-original", "hotpotqa_train.json")),
+    ("hotpotqa-ircot", ("hotpotqa-dev500-ircot", "dev_subsampled.jsonl")),
+    ("strategyqa", ("strategyqa-train", "strategyqa_train.json")),
+    ("nq-open", ("nq-open", "flashrag_nq_test_sample.jsonl")),
+    ("2wiki", TWOWIKI), ("musique", MUSIQUE), ("iirc", IIRC)])
+def test_every_format_reads_json_lines_and_a_json_array_alike(tmp_path, fmt, source):
+    if isinstance(source, tuple):
+        native = shared(*source)
+        records = _load_records(native)
+    else:
+        records = source
+        native = tmp_path / "native.json"
+        native.write_text(json.dumps(records) if fmt != "musique" else
+                          "".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    native_lines = not native.read_text(encoding="utf-8").lstrip().startswith("[")
+    other = tmp_path / "other.json"
+    _other_form(records, native_lines, other)
+    assert sniff_format(native) == sniff_format(other) == fmt
+    expected = read_dataset(native, fmt)
+    assert expected and read_dataset(other, fmt) == expected == read_dataset(other)
+
+
+def test_nq_open_json_records():
+    path = shared("nq-open", "flashrag_nq_test_sample.jsonl")
+    ex = read_dataset(path)
+    assert ex[0].id == "test_0" and ex[0].question == "who got the first nobel prize in physics"
+    assert ex[0].answers == ["Wilhelm Conrad R\u00f6ntgen"] and ex[2].answers == ["Olivia", "MFSK"]

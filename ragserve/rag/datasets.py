@@ -2,8 +2,12 @@
 
 Formats: ``hotpotqa`` (original JSON), ``hotpotqa-ircot`` (IRCoT's processed JSONL), ``2wiki``
 (2WikiMultihopQA JSON, aliases from ``id_aliases.json`` beside it), ``strategyqa`` (JSON, yes/no), ``iirc``
-(IIRC JSON, unanswerable questions skipped), ``nq-open`` (DPR TSV: question, python-list of answers) and
+(IIRC JSON, unanswerable questions skipped), ``nq-open`` (DPR TSV: question, python-list of answers; or JSON
+records with ``question`` and ``answer`` / ``golden_answers`` as NQ-open and FlashRAG publish them) and
 ``musique`` (JSONL, unanswerable questions skipped).
+
+Every JSON format is read from JSON lines or from one JSON array alike, whichever its native form: re-packaged
+copies swap them (HippoRAG and KAG ship MuSiQue, HotpotQA and 2Wiki as arrays).
 """
 from __future__ import annotations
 
@@ -39,14 +43,14 @@ class Example:
 
 def _load_json(path: Path):
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}: not valid JSON ({e})") from e
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
@@ -70,24 +74,41 @@ def _unique(items) -> list[str]:
     return out
 
 
-def _array(path: Path, what: str) -> list:
+def _first_char(path: Path) -> str:
+    """The first character that is not whitespace (or a byte-order mark), "" for a blank file."""
+    with open(path, encoding="utf-8") as f:
+        while chunk := f.read(4096):
+            rest = chunk.lstrip("\ufeff \t\r\n")
+            if rest:
+                return rest[0]
+    return ""
+
+
+def _records(path: Path, what: str) -> Iterator[tuple[str, dict]]:
+    """(where, record) for each record of a file of JSON lines or of one JSON array of ``what``; ``where``
+    names the record in messages (``file:line`` or ``file[index]``)."""
+    if _first_char(path) != "[":
+        for n, r in _jsonl(path):
+            yield f"{path}:{n}", r
+        return
     data = _load_json(path)
     if not isinstance(data, list):
         raise DatasetError(f"{path}: expected a JSON array of {what}")
-    return data
+    for i, r in enumerate(data):
+        yield f"{path}[{i}]", r
 
 
 def _read_hotpotqa(path: Path) -> Iterator[Example]:
-    for i, r in enumerate(_array(path, "questions")):
-        _need(r, ("_id", "question", "answer", "context"), f"{path}[{i}]")
+    for where, r in _records(path, "questions"):
+        _need(r, ("_id", "question", "answer", "context"), where)
         paras = [Paragraph(t, "".join(sents)) for t, sents in r["context"]]
         yield Example(str(r["_id"]), r["question"], [str(r["answer"])],
                       _unique(t for t, _ in r.get("supporting_facts", [])), paras)
 
 
 def _read_hotpotqa_ircot(path: Path) -> Iterator[Example]:
-    for n, r in _jsonl(path):
-        _need(r, ("question_id", "question_text", "answers_objects", "contexts"), f"{path}:{n}")
+    for where, r in _records(path, "questions"):
+        _need(r, ("question_id", "question_text", "answers_objects", "contexts"), where)
         answers = _unique(s for obj in r["answers_objects"] for s in obj.get("spans", []))
         paras = [Paragraph(c["title"], c["paragraph_text"]) for c in r["contexts"]]
         yield Example(str(r["question_id"]), r["question_text"], answers,
@@ -98,10 +119,10 @@ def _read_2wiki(path: Path) -> Iterator[Example]:
     aliases: dict[str, list[str]] = {}
     alias_file = path.parent / "id_aliases.json"
     if alias_file.exists():
-        for _, rec in _jsonl(alias_file):
+        for _, rec in _records(alias_file, "aliases"):
             aliases[rec["Q_id"]] = list(rec.get("aliases", [])) + list(rec.get("demonyms", []))
-    for i, r in enumerate(_array(path, "questions")):
-        _need(r, ("_id", "question", "answer", "context"), f"{path}[{i}]")
+    for where, r in _records(path, "questions"):
+        _need(r, ("_id", "question", "answer", "context"), where)
         extra = aliases.get(r.get("answer_id") or "", [])
         paras = [Paragraph(t, " ".join(s.strip() for s in sents)) for t, sents in r["context"]]
         yield Example(str(r["_id"]), r["question"], _unique([r["answer"], *extra]),
@@ -109,10 +130,10 @@ def _read_2wiki(path: Path) -> Iterator[Example]:
 
 
 def _read_strategyqa(path: Path) -> Iterator[Example]:
-    for i, r in enumerate(_array(path, "questions")):
-        _need(r, ("qid", "question", "answer"), f"{path}[{i}]")
+    for where, r in _records(path, "questions"):
+        _need(r, ("qid", "question", "answer"), where)
         if not isinstance(r["answer"], bool):
-            raise DatasetError(f"{path}[{i}]: answer must be true or false")
+            raise DatasetError(f"{where}: answer must be true or false")
         yield Example(str(r["qid"]), r["question"], ["yes" if r["answer"] else "no"], yes_no=True)
 
 
@@ -128,11 +149,11 @@ def _iirc_answers(ans: dict) -> list[str]:
 
 
 def _read_iirc(path: Path) -> Iterator[Example]:
-    for i, passage in enumerate(_array(path, "passages")):
-        _need(passage, ("title", "questions"), f"{path}[{i}]")
+    for where, passage in _records(path, "passages"):
+        _need(passage, ("title", "questions"), where)
         main = passage["title"]
         for q in passage["questions"]:
-            _need(q, ("qid", "question", "answer"), f"{path}[{i}] question")
+            _need(q, ("qid", "question", "answer"), f"{where} question")
             answers = _iirc_answers(q["answer"])
             if not answers:  # "none": unanswerable from the linked articles
                 continue
@@ -146,6 +167,9 @@ def _read_iirc(path: Path) -> Iterator[Example]:
 
 
 def _read_nq_open(path: Path) -> Iterator[Example]:
+    if _first_char(path) in ("{", "["):
+        yield from _read_nq_open_json(path)
+        return
     with open(path, encoding="utf-8", newline="") as f:
         for n, row in enumerate(csv.reader(f, delimiter="\t"), 1):
             if not row:
@@ -161,9 +185,22 @@ def _read_nq_open(path: Path) -> Iterator[Example]:
             yield Example(f"{path.stem}-{n - 1}", row[0], _unique(answers))
 
 
+NQ_ANSWER_FIELDS = ("answer", "answers", "golden_answers")  # NQ-open, DPR's JSON, FlashRAG
+
+
+def _read_nq_open_json(path: Path) -> Iterator[Example]:
+    for i, (where, r) in enumerate(_records(path, "questions")):
+        _need(r, ("question",), where)
+        key = next((k for k in NQ_ANSWER_FIELDS if k in r), None)
+        answers = r.get(key) if key else None
+        if not isinstance(answers, list) or not answers:
+            raise DatasetError(f"{where}: answers ({' or '.join(NQ_ANSWER_FIELDS)}) must be a non-empty list")
+        yield Example(str(r.get("id", f"{path.stem}-{i}")), r["question"], _unique(answers))
+
+
 def _read_musique(path: Path) -> Iterator[Example]:
-    for n, r in _jsonl(path):
-        _need(r, ("id", "question", "answer", "paragraphs"), f"{path}:{n}")
+    for where, r in _records(path, "questions"):
+        _need(r, ("id", "question", "answer", "paragraphs"), where)
         if r.get("answerable") is False:
             continue
         paras = [Paragraph(p["title"], p["paragraph_text"]) for p in r["paragraphs"]]
@@ -177,36 +214,46 @@ _READERS: dict[str, Callable[[Path], Iterator[Example]]] = {
 }
 
 
-def sniff_format(path: str | Path) -> str:
-    """Guess the format from the file's first record."""
-    p = Path(path)
-    with open(p, encoding="utf-8") as f:
-        head = f.read(65536)
-    first = head.lstrip()[:1]
-    if first == "{":
-        line = head.lstrip().split("\n", 1)[0]
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{p}: cannot tell the format (first line is not a JSON object)") from e
-        if "question_text" in rec:
-            return "hotpotqa-ircot"
-        if "paragraphs" in rec:
-            return "musique"
-    elif first == "[":
-        data = _load_json(p)
-        rec = data[0] if data else {}
-        if "questions" in rec:
-            return "iirc"
-        if "qid" in rec and "facts" in rec or isinstance(rec.get("answer"), bool):
-            return "strategyqa"
-        if "evidences" in rec or rec.get("type") in ("compositional", "inference", "bridge_comparison"):
-            return "2wiki"
-        if "supporting_facts" in rec:
-            return "hotpotqa"
-    elif "\t" in head.split("\n", 1)[0]:
+def _format_of_record(rec: dict) -> str | None:
+    """The format whose records have ``rec``'s keys (2Wiki's before HotpotQA's, which are a subset)."""
+    if "question_text" in rec:
+        return "hotpotqa-ircot"
+    if "paragraphs" in rec:
+        return "musique"
+    if "questions" in rec:
+        return "iirc"
+    if "qid" in rec and "facts" in rec or isinstance(rec.get("answer"), bool):
+        return "strategyqa"
+    if "evidences" in rec or rec.get("type") in ("compositional", "inference", "bridge_comparison"):
+        return "2wiki"
+    if "supporting_facts" in rec:
+        return "hotpotqa"
+    if "question" in rec and any(k in rec for k in NQ_ANSWER_FIELDS):
         return "nq-open"
-    raise DatasetError(f"{p}: cannot tell the dataset format; pass --format ({', '.join(FORMATS)})")
+    return None
+
+
+def sniff_format(path: str | Path) -> str:
+    """Guess the format from the file's first record (JSON lines or a JSON array alike), else a TSV line."""
+    p = Path(path)
+    first = _first_char(p)
+    rec = None
+    if first == "[":
+        data = _load_json(p)
+        rec = data[0] if isinstance(data, list) and data else None
+    elif first == "{":
+        try:
+            rec = next(_jsonl(p))[1]
+        except (DatasetError, StopIteration) as e:
+            raise DatasetError(f"{p}: cannot tell the format (first line is not a JSON object)") from e
+    else:
+        with open(p, encoding="utf-8") as f:
+            if "\t" in f.readline():
+                return "nq-open"
+    fmt = _format_of_record(rec) if isinstance(rec, dict) else None
+    if fmt is None:
+        raise DatasetError(f"{p}: cannot tell the dataset format; pass --format ({', '.join(FORMATS)})")
+    return fmt
 
 
 def read_dataset(path: str | Path, fmt: str = "auto", limit: int | None = None) -> list[Example]:
