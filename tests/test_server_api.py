@@ -68,11 +68,14 @@ def json_keys(hits):
 def test_healthz_and_readyz(server):
     r = requests.get(server.url + "/healthz", timeout=10)
     assert r.status_code == 200 and r.json() == {"status": "ok"}
+    server.wait_ready()  # 503 until the warm-up search (and backend check) has run
     r = requests.get(server.url + "/readyz", timeout=10)
     assert r.status_code == 200
     body = r.json()
     assert body["ready"] is True and body["index"] == {"loaded": True, "documents": 8674}
     assert body["model"] == {"state": "none"}
+    assert body["warmup"]["state"] == "done" and set(body["warmup"]["seconds"]) == {"search", "backends"}
+    assert "warm-up done: search" in server.log()
 
 
 def test_info(server, arguana_index):

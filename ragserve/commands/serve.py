@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 
 from ragserve.cli import CliError
 from ragserve.commands import check_backend
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from ragserve.server.auth import is_loopback_host
     from ragserve.server.metrics import ServerMetrics
     from ragserve.server.runner import serve
+    from ragserve.server.warmup import Warmup
 
     cfg = _config(args)
     if cfg.api_key is None and not is_loopback_host(args.host):
@@ -100,28 +102,35 @@ def run(args: argparse.Namespace) -> int:
     slots = args.search_slots or ((os.cpu_count() or 1) if searcher.backend_name in THREAD_SAFE_BACKENDS else 1)
     metrics = ServerMetrics()
     answers = _answer_service(args, cfg, searcher, metrics) if args.model else None
-    app = create_app(searcher, cfg, answers=answers, metrics=metrics, search_slots=slots)
+    warmup = Warmup(searcher, answers)
+    app = create_app(searcher, cfg, answers=answers, metrics=metrics, search_slots=slots, warmup=warmup)
+    stop = threading.Event()
 
     def announce(addresses: list[tuple[str, int]]) -> None:
         for host, port in addresses:
             h = f"[{host}]" if ":" in host else host
             # Tests and scripts read this line to find the port when --port 0 was given.
             print(f"ragserve serve: listening on http://{h}:{port} (index {args.index}, backend "
-                  f"{searcher.backend_name}, model {args.model or 'none'})", file=sys.stderr, flush=True)
+                  f"{searcher.backend_name}, model {args.model or 'none'}); /readyz says when warmed up",
+                  file=sys.stderr, flush=True)
+        warmup.start(on_failure=lambda _error: stop.set())
 
     try:
         # waitress refuses (plain-text 413) bodies so large they are not worth buffering; smaller ones over
         # the limit reach flask, which answers with the JSON error. send_bytes=1: write each chunk as soon
         # as the app yields it, so server-sent events are not held back.
-        return serve(app, args.host, args.port, args.threads, args.shutdown_grace, announce,
-                     max_request_body_size=cfg.max_body_bytes + WAITRESS_BODY_SLACK, send_bytes=1,
-                     channel_timeout=300)
+        rc = serve(app, args.host, args.port, args.threads, args.shutdown_grace, announce, stop=stop,
+                   max_request_body_size=cfg.max_body_bytes + WAITRESS_BODY_SLACK, send_bytes=1,
+                   channel_timeout=300)
     except OSError as e:  # port in use, address not available
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
     finally:
         if answers is not None:
             answers.close()
         searcher.close()
+    if warmup.error:
+        raise CliError(warmup.error)
+    return rc
 
 
 def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):

@@ -10,7 +10,6 @@ from flask import Flask, Response, g, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from ragserve import __version__
-from ragserve.kernels.registry import backend_names, get_backend_class
 from ragserve.retrieval.searcher import Searcher
 from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
@@ -18,6 +17,7 @@ from ragserve.server.errors import ApiError
 from ragserve.server.metrics import ServerMetrics
 from ragserve.server.search_service import SearchService
 from ragserve.server.validation import DEFAULT_METHOD, answer_request, parse_json_object, search_request
+from ragserve.server.warmup import Warmup, backend_status
 from ragserve.server.wsgi import ENDPOINT_KEY, RequestMetrics
 
 if TYPE_CHECKING:  # the answer service imports torch; a search-only server never loads it
@@ -30,8 +30,10 @@ log = logging.getLogger("ragserve.server")
 
 def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService | None = None,
                metrics: ServerMetrics | None = None,
-               search_slots: int = 1) -> Flask:
-    """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503."""
+               search_slots: int = 1, warmup: Warmup | None = None) -> Flask:
+    """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503.
+    ``warmup`` (started by the caller): /readyz is 503 until it is done, and searches wait for it (the warm-up
+    search holds the backend meanwhile)."""
     app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.sort_keys = False
@@ -94,25 +96,20 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
     @app.get("/readyz")
     def readyz() -> Response:
         model = answers.status() if answers is not None else {"state": "none"}
-        ready = model["state"] in ("none", "ready")
-        resp = jsonify(ready=ready, index={"loaded": True, "documents": searcher.index.num_docs}, model=model)
+        warm = warmup.status() if warmup is not None else {"state": "done"}
+        ready = model["state"] in ("none", "ready") and warm["state"] == "done"
+        resp = jsonify(ready=ready, index={"loaded": True, "documents": searcher.index.num_docs}, model=model,
+                       warmup=warm)
         resp.status_code = 200 if ready else 503
         return resp
 
     @app.get("/v1/info")
     def info() -> Response:
-        backends = []
-        for name in backend_names():
-            try:
-                ok, why = get_backend_class(name).is_available()
-            except Exception as e:  # a backend whose module cannot even import here (no CUDA, no XRT)
-                ok, why = False, f"{type(e).__name__}: {e}"
-            backends.append({"name": name, "available": ok, "reason": why})
         return jsonify(
             version=__version__,
             index={"path": str(searcher.index.path), "manifest": searcher.manifest},
             backend={**searcher.backend.describe(), "name": searcher.backend_name},
-            backends=backends,
+            backends=list(backend_status()),
             model=answers.describe() if answers is not None else None,
             methods=answers.methods if answers is not None else [],
             limits={"max_query_chars": config.max_query_chars, "max_batch": config.max_batch, "max_k": config.max_k,
@@ -123,6 +120,8 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
     @app.post("/v1/search")
     def search_endpoint() -> Response:
         req = search_request(body(), config)
+        if warmup is not None and not warmup.done.wait(max(0.0, g.deadline - time.monotonic())):
+            raise ApiError(504, "timeout", "the server was still warming up past the request timeout")
         t0 = time.perf_counter()
         hits, times = search.search(req, g.deadline)
         timing = {**times.to_dict(), "total": time.perf_counter() - t0}

@@ -51,8 +51,10 @@ def _busy_channels(socket_map: dict) -> int:
 
 
 def serve(app: Callable, host: str, port: int, threads: int, grace_s: float,
-          on_listening: Callable[[list[tuple[str, int]]], None], **waitress_options) -> int:
-    """Run until SIGTERM/SIGINT, then drain. 0 when every in-flight request finished within ``grace_s``."""
+          on_listening: Callable[[list[tuple[str, int]]], None], stop: threading.Event | None = None,
+          **waitress_options) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop`` is set, e.g. when the model fails to load), then drain. 0 when
+    every in-flight request finished within ``grace_s``."""
     counted = InFlight(app)
     server = create_server(counted, host=host, port=port, threads=threads, ident="ragserve", **waitress_options)
     socket_map = server.map if hasattr(server, "map") else server._map
@@ -67,7 +69,8 @@ def serve(app: Callable, host: str, port: int, threads: int, grace_s: float,
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         on_listening([(d.effective_host, d.effective_port) for d in listeners])
-        while not signals["count"]:
+        stop = stop or threading.Event()
+        while not signals["count"] and not stop.is_set():
             wasyncore.loop(timeout=POLL_S, map=socket_map, use_poll=True, count=1)
         for d in listeners:  # stop accepting; the trigger stays so worker threads can still wake the loop
             wasyncore.dispatcher.close(d)

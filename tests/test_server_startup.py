@@ -1,0 +1,77 @@
+"""A new server's first minutes: the warm-up that compiles the search kernels before /readyz, and the per-user
+kernel cache."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+
+# A fresh process: how many compiled signatures each numba kernel of ragserve/indexer has, before the warm-up,
+# after it, and after searches unlike the warm-up's (other words, k, BM25 parameters, batch size).
+_KERNELS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from numba.core.registry import CPUDispatcher
+    from ragserve.retrieval.searcher import Searcher
+    from ragserve.server.warmup import Warmup
+
+    def compiled():
+        return {f"{name}.{attr}": len(v.signatures) for name, mod in list(sys.modules.items())
+                if name.startswith(("ragserve", "indexer")) for attr, v in list(vars(mod).items())
+                if isinstance(v, CPUDispatcher)}
+
+    searcher = Searcher(sys.argv[1], backend="cpu")
+    before = compiled()
+    warmup = Warmup(searcher)
+    warmup.start()
+    warmup.done.wait()
+    after = compiled()
+    searcher.search_batch(["nuclear power is dangerous", "animals", "the tax on sugar"], k=37, k1=1.2, b=0.75)
+    searcher.search("vegetarian", k=1)
+    print(json.dumps({"before": before, "after": after, "final": compiled(), "status": warmup.status()}))
+""")
+
+
+def test_warmup_compiles_every_kernel_the_searches_use(arguana_index):
+    r = subprocess.run([sys.executable, "-c", _KERNELS_SCRIPT, str(arguana_index)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["status"]["state"] == "done" and set(out["status"]["seconds"]) == {"search", "backends"}
+    assert sum(out["before"].values()) == 0  # nothing was compiled or loaded before the warm-up...
+    assert sum(out["after"].values()) > 0  # ...the warm-up compiled (or loaded) the kernels...
+    assert out["final"] == out["after"]  # ...and later searches needed no other
+
+
+_CACHE_SCRIPT = textwrap.dedent("""
+    import ragserve  # sets NUMBA_CACHE_DIR unless the environment already does
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import tinykernel
+    print(tinykernel.twice(21))
+""")
+
+
+@pytest.mark.parametrize("env, where", [
+    ({"XDG_CACHE_HOME": "{tmp}/xdg"}, "{tmp}/xdg/ragserve/numba"),
+    ({"XDG_CACHE_HOME": "{tmp}/xdg", "RAGSERVE_CACHE_DIR": "{tmp}/rc"}, "{tmp}/rc/numba"),
+    ({"RAGSERVE_CACHE_DIR": "{tmp}/rc", "NUMBA_CACHE_DIR": "{tmp}/nb"}, "{tmp}/nb"),
+])
+def test_compiled_kernels_go_to_the_per_user_cache(tmp_path, env, where):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tinykernel.py").write_text("from numba import njit\n\n\n@njit(cache=True)\ndef twice(x):\n"
+                                       "    return 2 * x\n")
+    base = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "RAGSERVE_CACHE_DIR", "XDG_CACHE_HOME")}
+    env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
+    r = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT, str(src)], capture_output=True, text=True, timeout=120,
+                       env={**base, **env})
+    assert r.returncode == 0 and r.stdout.strip() == "42", r.stderr
+    cached = list((tmp_path / where.format(tmp=tmp_path).removeprefix(str(tmp_path) + "/")).rglob("*.nbi"))
+    assert [p.name.split(".")[0] for p in cached] == ["tinykernel"]
+    assert not list(src.rglob("*.nbi"))  # nothing beside the sources
