@@ -1,5 +1,5 @@
-"""A new server's first minutes: the warm-up that compiles the search kernels before /readyz, and the per-user
-kernel cache."""
+"""A new server's first minutes: model paths checked before it listens, a model that cannot load stops it,
+the warm-up that compiles the search kernels before /readyz, and the per-user kernel cache."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,47 @@ import textwrap
 
 import pytest
 
+from ragserve.rag.model_path import model_path_problem
+from tests.serverproc import ServerProcess, run_cli
+
+
+def test_model_path_problems(tmp_path):
+    assert model_path_problem("/nonexistent") == "no model directory at /nonexistent"
+    assert model_path_problem("./models/missing") == "no model directory at ./models/missing"
+    (tmp_path / "f").write_text("x")
+    assert "is a file, not a model directory" in model_path_problem(str(tmp_path / "f"))
+    assert "no config.json" in model_path_problem(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert model_path_problem(str(tmp_path)) is None
+    assert model_path_problem("Qwen/Qwen2.5-0.5B") is None and model_path_problem("gpt2") is None  # hub ids
+
+
+@pytest.mark.parametrize("flag", ["--model", "--reranker"])
+def test_serve_refuses_a_missing_model_before_listening(arguana_index, flag):
+    args = ["--model", "/nonexistent"] if flag == "--model" else ["--model", "/nonexistent-too", flag, "/nonexistent"]
+    r = run_cli("serve", "--index", str(arguana_index), "--port", "0", *args, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [f"ragserve serve: error: no model directory at /nonexistent"
+                                             + ("-too" if flag == "--reranker" else "")]
+
+
+def test_eval_refuses_a_missing_model(arguana_index, tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "1", "question": "q?", "golden_answers": ["a"]}) + "\n")
+    r = run_cli("eval", "--dataset", str(data), "--method", "single", "--model", "/nonexistent",
+                "--index", str(arguana_index), "--out", str(tmp_path / "rows.jsonl"), timeout=30)
+    assert r.returncode == 2 and r.stderr.strip() == "ragserve eval: error: no model directory at /nonexistent"
+
+
+def test_server_stops_on_a_model_it_cannot_load(arguana_index, tmp_path):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # passes the path check, fails in transformers
+    srv = ServerProcess("--index", str(arguana_index), "--backend", "cpu", "--model", str(broken), "--device", "cpu")
+    assert srv.wait_exit(180) == 2, srv.log()
+    log = srv.log()
+    assert "Traceback" not in log
+    assert log.strip().splitlines()[-1].startswith(f"ragserve serve: error: cannot load the model {broken}: ")
 
 
 # A fresh process: how many compiled signatures each numba kernel of ragserve/indexer has, before the warm-up,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ragserve.cli import CliError, output_path
 from ragserve.commands import check_backend
+from ragserve.rag.model_path import model_path_problem
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
 METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")
@@ -138,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"method {args.method!r} needs --index")
     if args.limit is not None and args.limit < 0:
         raise CliError("--limit must be >= 0")
+    for model in (args.model, args.reranker):
+        if model and (problem := model_path_problem(model)):  # before seconds of imports and loading
+            raise CliError(problem)
     output_path(args.out, "results file")
     if args.summary_json:
         output_path(args.summary_json, "summary file")

@@ -9,6 +9,7 @@ import threading
 
 from ragserve.cli import CliError
 from ragserve.commands import check_backend
+from ragserve.rag.model_path import model_path_problem
 
 ENV_API_KEY = "RAGSERVE_API_KEY"
 WAITRESS_BODY_SLACK = 1 << 20
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     from ragserve.server.warmup import Warmup
 
     cfg = _config(args)
+    for model in (args.model, args.reranker):
+        if model and (problem := model_path_problem(model)):  # refuse to start rather than fail in the background
+            raise CliError(problem)
     if cfg.api_key is None and not is_loopback_host(args.host):
         raise CliError(f"refusing to bind to non-loopback address {args.host!r} without an API key "
                        f"(pass --api-key or set {ENV_API_KEY})")

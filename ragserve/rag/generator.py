@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ragserve.rag.model_path import model_path_problem
 from ragserve.rag.text import sentence_ends
 
 
@@ -79,6 +80,8 @@ class Generator:
                  seed: int = 0, threads: int = 0) -> None:
         """``threads`` > 0 sets torch's (process-wide) CPU thread count: one thread is fastest for small
         models on a shared machine, where spinning threads compete for cores."""
+        if problem := model_path_problem(model):
+            raise GeneratorError(problem)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in ("auto", "float32", "bfloat16", "float16"):

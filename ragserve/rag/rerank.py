@@ -13,11 +13,14 @@ import torch
 
 from ragserve.rag.generator import GeneratorError, resolve_device
 from ragserve.kernels.contract import SearchError, StageTimes
+from ragserve.rag.model_path import model_path_problem
 from ragserve.retrieval.searcher import Hit, Searcher
 
 
 class CrossEncoder:
     def __init__(self, model: str, device: str = "auto", batch_size: int = 32, max_length: int = 256) -> None:
+        if problem := model_path_problem(model):
+            raise GeneratorError(problem)
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if batch_size < 1 or max_length < 8:

@@ -116,8 +116,8 @@ class AnswerService:
             if path:
                 from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
                 self.reranking = RerankingSearcher(self.searcher, CrossEncoder(path, device=self.device), depth)
-        except Exception:
-            log.exception("cannot load the model %s", self.model_name)
+        except Exception as e:  # one line: the server stops on it (serve's warm-up), /readyz shows it meanwhile
+            log.error("cannot load the model %s: %s: %s", self.model_name, type(e).__name__, " ".join(str(e).split()))
             raise
         self.generator = generator
         log.info("model %s loaded on %s in %.1f s", self.model_name, generator.device, time.perf_counter() - t0)
