@@ -3,10 +3,9 @@
 set -euo pipefail
 
 # Headless Chromium for the web page's browser test (tests/test_server_web.py, driven by playwright).
+# Through sudo when not root (or it says what to install).
 if [ ! -x /usr/bin/chromium ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq chromium
+  bash scripts/apt_install.sh chromium
 fi
 
 # Triton for the interpreted GPU-kernel test (tests/test_gpu_tiles_interpreted.py): torch's CPU wheel comes without
