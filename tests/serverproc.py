@@ -19,8 +19,10 @@ RAGSERVE = [str(Path(sys.executable).with_name("ragserve"))]
 class ServerProcess:
     """``ragserve serve --port 0 ...``; the port is read from the server's own "listening on" line."""
 
-    def __init__(self, *args: str, env: dict | None = None, startup_timeout: float = 60.0) -> None:
-        cmd = [sys.executable, "-m", "ragserve", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    def __init__(self, *args: str, env: dict | None = None, startup_timeout: float = 60.0,
+                 command: list[str] | None = None) -> None:
+        """``command`` replaces ``ragserve serve ARGS`` (e.g. a script that ends by exec-ing the server)."""
+        cmd = command or [sys.executable, "-m", "ragserve", "serve", "--host", "127.0.0.1", "--port", "0", *args]
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=full_env)
         self.lines: list[str] = []
