@@ -74,7 +74,7 @@ def test_healthz_and_readyz(server):
     body = r.json()
     assert body["ready"] is True and body["index"] == {"loaded": True, "documents": 8674}
     assert body["model"] == {"state": "none"}
-    assert body["warmup"]["state"] == "done" and set(body["warmup"]["seconds"]) == {"search", "backends"}
+    assert body["warmup"]["state"] == "done" and body["warmup"]["seconds"]["search"] > 0
     assert "warm-up done: search" in server.log()
 
 

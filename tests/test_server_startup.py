@@ -64,7 +64,7 @@ _KERNELS_SCRIPT = textwrap.dedent("""
     def compiled():
         return {f"{name}.{attr}": len(v.signatures) for name, mod in list(sys.modules.items())
                 if name.startswith(("ragserve", "indexer")) for attr, v in list(vars(mod).items())
-                if isinstance(v, CPUDispatcher)}
+                if isinstance(v, CPUDispatcher) and v.signatures}
 
     searcher = Searcher(sys.argv[1], backend="cpu")
     before = compiled()
@@ -83,9 +83,9 @@ def test_warmup_compiles_every_kernel_the_searches_use(arguana_index):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["status"]["state"] == "done" and set(out["status"]["seconds"]) == {"search", "backends"}
-    assert sum(out["before"].values()) == 0  # nothing was compiled or loaded before the warm-up...
-    assert sum(out["after"].values()) > 0  # ...the warm-up compiled (or loaded) the kernels...
+    assert out["status"]["state"] == "done" and "search" in out["status"]["seconds"]
+    assert out["before"] == {}  # nothing was compiled or loaded before the warm-up...
+    assert out["after"]  # ...the warm-up compiled (or loaded) the kernels...
     assert out["final"] == out["after"]  # ...and later searches needed no other
 
 

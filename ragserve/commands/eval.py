@@ -125,13 +125,6 @@ def _retriever(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragserve.rag.base import MethodError
-    from ragserve.rag.dragin import PUBLISHED
-    from ragserve.rag.evaluate import EvalError, evaluate, format_summary, summarize
-    from ragserve.rag.generator import Generator, GeneratorError
-    from ragserve.rag.methods import build_method
-    from ragserve.rag.prompts import DEFAULT_EXEMPLARS, PromptBuilder, PromptError, load_exemplars
-
     missing = [f"--{n}" for n in ("dataset", "method", "model", "out") if not getattr(args, n)]
     if missing:
         raise CliError(f"missing {', '.join(missing)} (or use 'ragserve eval build-index')")
@@ -142,6 +135,13 @@ def run(args: argparse.Namespace) -> int:
     for model in (args.model, args.reranker):
         if model and (problem := model_path_problem(model)):  # before seconds of imports and loading
             raise CliError(problem)
+    from ragserve.rag.base import MethodError
+    from ragserve.rag.dragin import PUBLISHED
+    from ragserve.rag.evaluate import EvalError, evaluate, format_summary, summarize
+    from ragserve.rag.generator import Generator, GeneratorError
+    from ragserve.rag.methods import build_method
+    from ragserve.rag.prompts import DEFAULT_EXEMPLARS, PromptBuilder, PromptError, load_exemplars
+
     output_path(args.out, "results file")
     if args.summary_json:
         output_path(args.summary_json, "summary file")

@@ -2,9 +2,11 @@
 
 The first search on a fresh process compiles (or loads from the kernel cache) the backend's kernels, and the
 first answer pays the model's first forward pass: seconds that would otherwise land on the first user. So the
-server runs, in the background, one real search through the ``Searcher``, the backend availability check that
-``/v1/info`` reports (it imports torch), and, with ``--model``, a tiny generation on the generator's own thread
-once the model has loaded. A model that cannot be loaded is fatal: ``on_failure`` is called (the server stops).
+server runs, in the background, one real search through the ``Searcher`` and, with ``--model``, a tiny
+generation on the generator's own thread once the model has loaded; then it is ready. A model that cannot be
+loaded is fatal: ``on_failure`` is called (the server stops). After that, still in the background, it runs the
+backend availability check that ``/v1/info`` reports (it imports torch and the device libraries: seconds that
+need not delay readiness, but would delay the page's first /v1/info).
 """
 from __future__ import annotations
 
@@ -77,7 +79,6 @@ class Warmup:
     def _run(self, on_failure: Callable[[str], None] | None) -> None:
         try:
             self._timed("search", self._search)
-            self._timed("backends", backend_status)
             if self.answers is not None:
                 self._timed("generation", self._generate)
             log.info("warm-up done: %s", ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items()))
@@ -87,8 +88,11 @@ class Warmup:
             log.error("warm-up failed: %s", self.error)
         finally:
             self.done.set()
-        if self.error and on_failure is not None:
-            on_failure(self.error)
+        if self.error:
+            if on_failure is not None:
+                on_failure(self.error)
+            return
+        self._timed("backends", backend_status)
 
     def _timed(self, what: str, fn: Callable[[], object]) -> None:
         t0 = time.perf_counter()
