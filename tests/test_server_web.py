@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.serverproc import start_model_server
+from tests import rag_support
+from tests.serverproc import ServerProcess, start_model_server
 
 CHROMIUM = "/usr/bin/chromium"  # .ci/setup.sh installs it; playwright never downloads a browser here
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -25,29 +26,63 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def browser():
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), "install Debian's chromium (.ci/setup.sh does)"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        pg = browser.new_page()
-        errors = []
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        pg.goto(server.url + "/")
-        yield pg
-        browser.close()
-    assert not errors, errors
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def open_page(browser, url: str):
+    """A page of ``url`` and the problems seen while it is used: script errors, and failed GETs (the page's own
+    files, its favicon, /v1/info; the tests' bad searches are POSTs)."""
+    pg = browser.new_page()
+    problems = []
+    pg.on("pageerror", lambda e: problems.append(str(e)))
+    pg.on("response", lambda r: problems.append(f"{r.status} {r.url}")
+          if r.status >= 400 and r.request.method == "GET" else None)
+    pg.goto(url + "/")
+    return pg, problems
+
+
+@pytest.fixture(scope="module")
+def page(server, browser):
+    pg, problems = open_page(browser, server.url)
+    yield pg
+    pg.close()
+    assert not problems, problems
+
+
+@pytest.fixture(scope="module")
+def search_only(tmp_path_factory):
+    """A server without a generator."""
+    srv = ServerProcess("--index", str(rag_support.hotpot_index()), "--backend", "cpu")
+    srv.wait_ready()
+    yield srv
+    assert srv.terminate() == 0, srv.log()
 
 
 def test_page_shows_the_server(page, server):
-    page.wait_for_function("document.getElementById('status').textContent.includes('passages')")
     docs = requests.get(server.url + "/readyz", timeout=10).json()["index"]["documents"]
+    assert docs >= 1000  # so the status line needs a thousands separator
+    # The page arrives with its status line: no "connecting..." while the script asks /v1/info.
+    served = requests.get(server.url + "/", timeout=10).text
+    assert f"{docs:,} passages · backend cpu · model: " in served and "connecting" not in served
+    page.wait_for_function("document.getElementById('method').options.length > 0")
     status = page.text_content("#status")
-    assert f"{docs} passages" in status and "backend cpu" in status and "tiny-llama" in status
+    assert f"{docs:,} passages" in status and "backend cpu" in status and "tiny-llama" in status
     methods = page.eval_on_selector_all("#method option", "os => os.map(o => o.value)")
     assert methods == requests.get(server.url + "/v1/info", timeout=10).json()["methods"]
-    assert page.input_value("#method") == "single"
+    assert page.input_value("#method") == "single" and page.is_visible("#method")
+    assert not page.is_visible("#ask-note")
+
+
+def test_favicon_is_served(server):
+    r = requests.get(server.url + "/favicon.ico", timeout=10)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("image/svg+xml") and b"<svg" in r.content
 
 
 def test_search_box_renders_hits(page, server):
@@ -66,12 +101,47 @@ def test_search_box_renders_hits(page, server):
     assert "5 hits" in page.text_content("#search-meta")
 
 
-def test_search_error_is_shown(page):
-    page.fill("#search-query", "anything")
-    page.fill("#search-k", "500")  # over the server's --max-k (the browser itself stops k < 1)
+def test_k_field_has_the_servers_maximum(page, server):
+    max_k = requests.get(server.url + "/v1/info", timeout=10).json()["limits"]["max_k"]
+    for field in ("#search-k", "#ask-k"):
+        assert page.get_attribute(field, "max") == str(max_k)
+    page.fill("#search-k", str(max_k + 1))
+    assert page.eval_on_selector("#search-k", "e => e.validity.rangeOverflow")  # the browser will not send it
+    page.fill("#search-k", "10")
+
+
+def test_search_error_replaces_the_previous_result(page):
+    page.fill("#search-query", "Scott Derrickson director")
+    page.fill("#search-k", "3")
+    page.click("#search-button")
+    page.wait_for_selector("#search-results li:nth-child(3)")
+    page.fill("#search-query", "x" * 2001)  # over the server's --max-query-chars
     page.click("#search-button")
     page.wait_for_selector("#search-error:not([hidden])")
-    assert "k must be between" in page.text_content("#search-error")
+    assert "too long" in page.text_content("#search-error")
+    assert page.text_content("#search-meta") == "" and page.query_selector_all("#search-results li") == []
+
+
+def test_search_without_hits_says_so_and_suggests(page):
+    page.fill("#search-query", "zzqxv qqzzxv")
+    page.click("#search-button")
+    page.wait_for_function("document.getElementById('search-meta').textContent !== ''")
+    meta = page.text_content("#search-meta")
+    assert meta.startswith("No passage matches “zzqxv qqzzxv”") and "Try other words, e.g. " in meta
+    assert page.query_selector_all("#search-results li") == [] and not page.is_visible("#search-error")
+
+
+def test_page_without_a_generator_hides_the_method_list(search_only, browser):
+    pg, problems = open_page(browser, search_only.url)
+    try:
+        pg.wait_for_selector("#ask-note:not([hidden])")
+        assert "No generator is loaded" in pg.text_content("#ask-note")
+        assert not pg.is_visible("#method") and pg.is_disabled("#ask-button")
+        assert not pg.is_visible("#ask-error")  # a note, not an error
+        assert "model: no generator loaded" in pg.text_content("#status")
+    finally:
+        pg.close()
+    assert not problems, problems
 
 
 def test_ask_shows_answer_steps_and_passages(page, server, tmp_path):

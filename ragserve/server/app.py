@@ -1,6 +1,7 @@
 """The flask application: routes, auth, error mapping and request metrics."""
 from __future__ import annotations
 
+import html
 import logging
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # the answer service imports torch; a search-only server neve
     from ragserve.server.answering import AnswerService
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-OPEN_ENDPOINTS = {"healthz", "page", "static"}  # no token needed: liveness, and the page (it asks for the token)
+OPEN_ENDPOINTS = {"healthz", "page", "static", "favicon"}  # no token: liveness, the page (it asks for the token)
 log = logging.getLogger("ragserve.server")
 
 
@@ -153,8 +154,21 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
             m.queue.set(answers.pending)
         return Response(m.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # The page arrives with its status line filled in (no "connecting..." while /v1/info is fetched), unless the
+    # server needs a token, which the page is open to (it asks for the token).
+    page_template = (WEB_DIR / "index.html").read_text(encoding="utf-8").replace("{{max_k}}", str(config.max_k))
+    model_name = answers.model_name if answers is not None else "no generator loaded"
+    status_line = f"{searcher.index.num_docs:,} passages · backend {searcher.backend_name} · model: {model_name}"
+
     @app.get("/")
     def page() -> Response:
-        return send_from_directory(WEB_DIR, "index.html")
+        status = status_line if not config.api_key else "loading…"
+        if not config.api_key and warmup is not None and not warmup.done.is_set():
+            status += " · warming up…"
+        return Response(page_template.replace("{{status}}", html.escape(status)), mimetype="text/html")
+
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return send_from_directory(WEB_DIR, "favicon.svg", mimetype="image/svg+xml")
 
     return app

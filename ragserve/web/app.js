@@ -35,6 +35,12 @@ function showError(id, message) {
   box.hidden = !message;
 }
 
+let statusLine = "";  // the status line without the readiness note
+
+function fmtCount(n) {
+  return Number(n).toLocaleString("en-US");
+}
+
 function fmtSeconds(s) {
   return s < 1 ? `${(s * 1000).toFixed(1)} ms` : `${s.toFixed(2)} s`;
 }
@@ -65,13 +71,32 @@ async function loadInfo() {
   const info = await resp.json();
   const stats = info.index.manifest.stats || {};
   const model = info.model ? info.model.name : "no generator loaded";
-  $("status").textContent = `${stats.num_docs} passages · backend ${info.backend.name} · model: ${model}`;
+  statusLine = `${fmtCount(stats.num_docs)} passages · backend ${info.backend.name} · model: ${model}`;
+  $("status").textContent = statusLine;
+  for (const id of ["search-k", "ask-k"]) $(id).max = info.limits.max_k;
   const select = $("method");
   select.replaceChildren();
   for (const m of info.methods) select.append(el("option", "", m));
   if (info.model && info.model.default_method) select.value = info.model.default_method;
-  $("ask-button").disabled = info.methods.length === 0;
-  if (info.methods.length === 0) showError("ask-error", "No generator is loaded (start the server with --model); search still works.");
+  const none = info.methods.length === 0;
+  $("method-label").hidden = none;  // an empty list says nothing: the note below does
+  $("ask-button").disabled = none;
+  $("ask-note").hidden = !none;
+  $("ask-note").textContent = none ? "No generator is loaded (start the server with --model PATH); search works." : "";
+  watchReadiness();
+}
+
+// Until /readyz says ready (the server compiles its kernels and loads the model first), say so and look again.
+async function watchReadiness() {
+  const resp = await fetch("/readyz", { headers: headers(false) });
+  if (resp.status !== 503) {
+    $("status").textContent = statusLine;
+    return;
+  }
+  const ready = await resp.json();
+  const what = ready.model && ready.model.state === "loading" ? "loading the model" : "warming up";
+  $("status").textContent = `${statusLine} · ${what}…`;
+  setTimeout(() => watchReadiness().catch(() => {}), 1000);
 }
 
 // -- search -------------------------------------------------------------------------------------
@@ -80,15 +105,22 @@ $("search-form").addEventListener("submit", async (ev) => {
   const button = $("search-button");
   button.disabled = true;
   showError("search-error", "");
+  $("search-meta").textContent = "";  // no line of an earlier search may stay next to this one's error
+  $("search-results").replaceChildren();
   try {
-    const body = { query: $("search-query").value, k: Number($("search-k").value) };
+    const query = $("search-query").value;
+    const body = { query: query, k: Number($("search-k").value) };
     const resp = await fetch("/v1/search", { method: "POST", headers: headers(true), body: JSON.stringify(body) });
     if (!resp.ok) {
       showError("search-error", await errorText(resp));
       return;
     }
     const data = await resp.json();
-    $("search-meta").textContent = `${data.hits.length} hits in ${fmtSeconds(data.timing.total)} (${data.backend})`;
+    const took = `in ${fmtSeconds(data.timing.total)} (${data.backend})`;
+    $("search-meta").textContent = data.hits.length
+      ? `${data.hits.length} hits ${took}`
+      : `No passage matches “${query.trim()}” ${took}: none of its words is in the index (common words such as ` +
+        `“the” are not indexed). Try other words, ${$("search-query").placeholder || "e.g. a name or a topic"}.`;
     renderHits($("search-results"), data.hits);
   } catch (e) {
     showError("search-error", "request failed: " + e);
