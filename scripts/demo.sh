@@ -15,10 +15,10 @@ WORK=${WORK:-work}
 INDEX="$WORK/demo-wikipedia"
 if [ ! -f "$INDEX/manifest.json" ]; then
   echo "demo: indexing corpora/demo (206 Wikipedia pages; the first run on a machine also compiles the" \
-       "indexing kernels, about 30 s, cached in ~/.cache/ragserve for later runs)"
+       "indexing kernels, about 35 s, cached in ~/.cache/ragserve for later runs)"
   "$RAGSERVE" index corpora/demo/*.xml*.bz2 --format mediawiki --out "$INDEX" --overwrite
 fi
 echo "demo: serving $INDEX; open http://127.0.0.1:${PORT:-8080}/ once /readyz says ready (the first start" \
-     "compiles the search kernels, about 15 s), or try:"
+     "compiles the search kernels, about 13 s), or try:"
 echo "  curl -s localhost:${PORT:-8080}/v1/search -H 'Content-Type: application/json' -d '{\"query\": \"theory of relativity\", \"k\": 3}'"
 exec "$RAGSERVE" serve --index "$INDEX" --port "${PORT:-8080}"
