@@ -436,8 +436,9 @@ def build_index_from_documents(documents: Iterable, out_dir: str | Path, options
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    bar = _Progress(opts.progress, read_stats)
     try:
-        manifest = _build(documents, tmp, opts, source or {}, read_stats)
+        manifest = _build(documents, tmp, opts, source or {}, bar)
         if out.exists():
             trash = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(trash)
@@ -447,16 +448,16 @@ def build_index_from_documents(documents: Iterable, out_dir: str | Path, options
             tmp.rename(out)
         return manifest
     except BaseException:
+        bar.discard()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, read_stats=None) -> dict:
+def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, bar: _Progress) -> dict:
     t_start = time.time()
     analyzer = Analyzer(opts.analyzer)
     ing = _Ingest(tmp, opts)
     workers = opts.workers or os.cpu_count() or 1
-    bar = _Progress(opts.progress, read_stats)
 
     def prepared() -> Iterator[tuple[list[str], list[str], list[str]]]:
         for batch in _iter_batches(documents, CHUNK_DOCS):
@@ -466,33 +467,29 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, rea
         ing.add_chunk(res)
         bar.docs(res[4].size)
 
-    try:
-        if workers > 1:
-            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-            # ProcessPoolExecutor, not multiprocessing.Pool: Pool's worker-handler thread spins while a large result
-            # waits in the pipe (it polls the result pipe), which cost the main process seconds of CPU.
-            with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_pool_worker,
-                                     initargs=(analyzer.config_dict(),)) as pool:
-                # Up to `window` chunks in flight, results taken in order: this thread reads ahead while the pool's
-                # threads move chunks and results, and memory stays bounded.
-                window = 2 * workers + 2
-                pending: deque[Future] = deque()
-                try:
-                    for batch in prepared():
-                        pending.append(pool.submit(_analyse_chunk, batch))
-                        if len(pending) >= window:
-                            add(pending.popleft().result())
-                    while pending:
+    if workers > 1:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        # ProcessPoolExecutor, not multiprocessing.Pool: Pool's worker-handler thread spins while a large result
+        # waits in the pipe (it polls the result pipe), which cost the main process seconds of CPU.
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_pool_worker,
+                                 initargs=(analyzer.config_dict(),)) as pool:
+            # Up to `window` chunks in flight, results taken in order: this thread reads ahead while the pool's
+            # threads move chunks and results, and memory stays bounded.
+            window = 2 * workers + 2
+            pending: deque[Future] = deque()
+            try:
+                for batch in prepared():
+                    pending.append(pool.submit(_analyse_chunk, batch))
+                    if len(pending) >= window:
                         add(pending.popleft().result())
-                finally:
-                    pool.shutdown(cancel_futures=True)
-        else:
-            _init_worker(analyzer.config_dict())
-            for batch in prepared():
-                add(_analyse_chunk(batch))
-    except BaseException:
-        bar.discard()
-        raise
+                while pending:
+                    add(pending.popleft().result())
+            finally:
+                pool.shutdown(cancel_futures=True)
+    else:
+        _init_worker(analyzer.config_dict())
+        for batch in prepared():
+            add(_analyse_chunk(batch))
     bar.close()
     ing.finish_streams()
     if ing.num_docs == 0:

@@ -30,7 +30,7 @@ def test_serve_refuses_a_missing_model_before_listening(arguana_index, flag):
     args = ["--model", "/nonexistent"] if flag == "--model" else ["--model", "/nonexistent-too", flag, "/nonexistent"]
     r = run_cli("serve", "--index", str(arguana_index), "--port", "0", *args, timeout=30)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines() == [f"ragserve serve: error: no model directory at /nonexistent"
+    assert r.stderr.strip().splitlines() == ["ragserve serve: error: no model directory at /nonexistent"
                                              + ("-too" if flag == "--reranker" else "")]
 
 

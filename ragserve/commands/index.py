@@ -7,7 +7,7 @@ import sys
 
 from indexer.analyzer import AnalyzerConfig
 from indexer.layout import DEFAULT_BANK_BYTES, DEFAULT_BLOCK_SIZE
-from ragserve.cli import CliError, output_path
+from ragserve.cli import CliError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
