@@ -893,9 +893,13 @@ def build_index(inputs: list[str | Path], out_dir: str | Path, options: BuildOpt
 
     def counted() -> Iterator:
         yield from docs
-        source.update(records=stats.records, documents=stats.documents, skipped=stats.skipped,
-                      filtered=stats.filtered, invalid_utf8=stats.invalid_utf8, error_count=stats.error_count,
-                      truncated=list(stats.truncated),
-                      errors=[f"{e.file}:{e.line}: {e.message}" for e in stats.errors[:100]])
+        source.update(read_counts(stats))
 
     return build_index_from_documents(counted(), out_dir, options, source, read_stats=stats)
+
+
+def read_counts(stats) -> dict:
+    """The reader's final counts (an ``indexer.readers.ReadStats``) as the manifest's ``source`` records them."""
+    return dict(records=stats.records, documents=stats.documents, skipped=stats.skipped, filtered=stats.filtered,
+                invalid_utf8=stats.invalid_utf8, error_count=stats.error_count, truncated=list(stats.truncated),
+                errors=[f"{e.file}:{e.line}: {e.message}" for e in stats.errors[:100]])
