@@ -32,8 +32,9 @@ def connect(address: str) -> ModuleType:
         # Ray lowers its workers' priority (niceness 15) by default; here they do the searching that requests
         # wait for, so they run at this command's priority.
         os.environ.setdefault("RAY_worker_niceness", "0")
+        # A cluster of this machine alone talks over loopback.
         ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+                 _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONPATH": path}})
     else:
         try:
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)

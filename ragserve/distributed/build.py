@@ -10,6 +10,7 @@ that differ are ``build_seconds`` and ``created``, which record when and how lon
 """
 from __future__ import annotations
 
+import logging
 import pickle
 from itertools import islice
 from pathlib import Path
@@ -42,6 +43,10 @@ def build_index_ray(inputs: list[str | Path], out_dir: str | Path, options: Buil
     ctx.execution_options.preserve_order = True  # the driver must see chunks in input order (docids)
     ctx.enable_progress_bars = opts.progress
     ctx.target_max_block_size = 1  # one chunk a block: a block is the unit handed to an analysis actor
+    # Ray Data logs its plan, and a failed task's remote traceback; the build reports errors itself.
+    data_log = logging.getLogger("ray.data")
+    saved_level = data_log.level
+    data_log.setLevel(logging.CRITICAL)
     try:
         files = ray.data.from_items([{"file": i} for i in range(len(paths))], override_num_blocks=len(paths))
         # Reading asks for less CPU than analysis, so Ray Data does not fuse the two stages into one actor
@@ -64,11 +69,12 @@ def build_index_ray(inputs: list[str | Path], out_dir: str | Path, options: Buil
         manifest = build_index_from_analysed(chunks(), out_dir, opts, source, shard_writer=_shard_writer(ray))
     except Exception as e:
         cause = _user_error(e)
-        if cause is not None:
-            raise cause from None
+        if cause is not None:  # Ray Data appends its retry advice to the message: the first line is ours
+            raise type(cause)(str(cause).splitlines()[0]) from None
         raise
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.target_max_block_size = saved
+        data_log.setLevel(saved_level)
     return manifest
 
 
@@ -115,12 +121,15 @@ def _shard_writer(ray):
     return write
 
 
-def _user_error(e: BaseException) -> BaseException | None:
-    """The corpus or build error inside a Ray task's error, to report it as the local build does."""
-    seen = 0
-    while e is not None and seen < 20:
-        if isinstance(e, (CorpusError, BuildError)):
+def _user_error(e: BaseException | None) -> BaseException | None:
+    """The corpus or build error inside a Ray task's error, to report it as the local build does. (Ray's
+    ``RayTaskError(CorpusError)`` is a CorpusError too, but its message is the remote traceback: take its
+    ``cause``.)"""
+    for _ in range(20):
+        if e is None:
+            return None
+        cause = getattr(e, "cause", None)
+        if isinstance(e, (CorpusError, BuildError)) and not isinstance(cause, BaseException):
             return e
-        e = getattr(e, "cause", None) or e.__cause__
-        seen += 1
+        e = cause if isinstance(cause, BaseException) else e.__cause__
     return None
