@@ -25,7 +25,8 @@ from ragserve.kernels.contract import TopK
 from ragserve.retrieval.searcher import Searcher
 from tests.conftest import shared
 from tests.serverproc import ServerProcess, run_cli, wait_until
-from tests.test_server_api import BAD_ANSWER, BAD_SEARCH, MAX_BATCH, MAX_BODY, MAX_K, MAX_QUERY_CHARS, assert_error, post
+from tests.test_server_api import (BAD_ANSWER, BAD_SEARCH, MAX_BATCH, MAX_BODY, MAX_K, MAX_QUERY_CHARS,
+                                   assert_error, post)
 
 pytest.importorskip("ray")
 

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="search on the Ray cluster at ADDRESS (local: start one here): shard groups on Ray actors, "
                         "each with --backend; the same hits (needs ragserve[ray])")
     p.add_argument("--ray-groups", type=int, default=0, metavar="N",
-                   help="with --ray: shard groups, one actor each (default: as many as the cluster holds, at most one per shard)")
+                   help="with --ray: shard groups, one actor each (default: as many as the cluster holds, "
+                        "at most one per shard)")
     p.set_defaults(func=run)
 
 
