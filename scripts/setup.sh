@@ -7,4 +7,4 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # The lock file pins the whole dependency tree; pyproject.toml pins the direct dependencies.
-.venv/bin/python -m pip install -q --disable-pip-version-check -c requirements.lock -e ".[dev]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -c requirements.lock -e ".[dev,ray]"
