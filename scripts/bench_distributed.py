@@ -118,16 +118,16 @@ def main() -> int:
     single_q = (texts * 2)[:args.warmup + args.single]
     batch_q = (texts * 4)[:args.batch_n]
 
-    os.environ.setdefault("RAY_worker_niceness", "0")  # replicas at the priority of the local searcher
+    # Replicas at the priority of the local searcher, importing this checkout (workers inherit the environment).
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     import ray
 
     from ragserve.distributed.shards import DistributedSearcher, GroupOptions
 
     gpu = args.backend == "gpu"
     ray.init(num_cpus=max(args.replicas) + 1, num_gpus=1 if gpu else 0, include_dashboard=False,
-             logging_level="WARNING", log_to_driver=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                 p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}})
+             logging_level="WARNING", log_to_driver=False, _node_ip_address="127.0.0.1")
     gpu_opts = {"memory_bytes": int(args.gpu_memory_gib * (1 << 30))} if args.gpu_memory_gib else {}
     local_opts = gpu_opts if gpu else {"threads": 1}
     local = Searcher(index, backend=args.backend, **local_opts)

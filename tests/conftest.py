@@ -64,8 +64,8 @@ def ray_cluster() -> str:
     ray = pytest.importorskip("ray")
     # Workers import this checkout, and run at normal priority (Ray's default niceness starves them here).
     os.environ["RAY_worker_niceness"] = "0"
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=6, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING",
-             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+             log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

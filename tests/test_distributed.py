@@ -318,3 +318,14 @@ def test_ray_serve_dead_replica_is_503_or_partial_then_recovers(ray_cluster, ray
 
     assert wait_until(back, 240, interval=0.5)
     assert ray.get(actor.info.remote())["pid"] != pid
+
+
+def test_local_server_accepts_partial_and_misses_nothing(small_index, local):
+    from ragserve.server.app import create_app
+    from ragserve.server.config import ServerConfig
+
+    client = create_app(local, ServerConfig()).test_client()
+    r = client.post("/v1/search", json={"query": "wind farms", "k": 4, "partial": True})
+    assert r.status_code == 200 and r.json["missing_shards"] == []
+    assert [(h["id"], h["docid"], h["score"]) for h in r.json["hits"]] == _keys(local.search("wind farms", k=4))
+    assert "missing_shards" not in client.post("/v1/search", json={"query": "wind farms"}).json

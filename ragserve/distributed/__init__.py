@@ -26,15 +26,15 @@ def connect(address: str) -> ModuleType:
     if ray.is_initialized():
         return ray
     if address == LOCAL:
-        # Workers of a cluster started here run the code this process runs (a source checkout included).
+        # Workers of a cluster started here inherit this environment: they run the code this process runs (a
+        # source checkout included), and at its priority (Ray lowers its workers' by default, niceness 15; here
+        # they do the searching that requests wait for).
         root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-        # Ray lowers its workers' priority (niceness 15) by default; here they do the searching that requests
-        # wait for, so they run at this command's priority.
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         os.environ.setdefault("RAY_worker_niceness", "0")
         # A cluster of this machine alone talks over loopback.
         ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False,
-                 _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONPATH": path}})
+                 _node_ip_address="127.0.0.1")
     else:
         try:
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)
