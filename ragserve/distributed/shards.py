@@ -149,9 +149,10 @@ class GroupOptions:
 
     def fit(self, resources: dict) -> int:
         """How many replicas the cluster's ``resources`` hold (at least 1)."""
-        need = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
-        return max(1, min(int(resources.get(r, 0) // v) for r, v in need.items() if v > 0)) if any(
-            v > 0 for v in need.values()) else 1
+        need = {r: v for r, v in {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}.items() if v > 0}
+        if not need:
+            return 1
+        return max(1, min(int(resources.get(r, 0) // v) for r, v in need.items()))
 
     def replica_backend_options(self) -> dict:
         if self.backend == "cpu" and "threads" not in self.backend_options:
@@ -216,9 +217,6 @@ class ShardFanout:
     def pids(self) -> list[int]:
         """Process id of each group's replica (for tests and tools that stop one)."""
         return [self.ray.get(a.info.remote())["pid"] for a in self.actors]
-
-    def close(self) -> None:
-        pass
 
 
 def _actor_class(ray_module):
