@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from numba import njit
@@ -117,17 +117,27 @@ class _ChunkAnalyser:
         parts.append(ids[prev:])
         return np.concatenate(parts), counts
 
-    def chunk(self, batch: tuple[list[str], list[str], list[str]]) -> tuple:
+    def chunk(self, batch: tuple[list[str], list[str], list[str]], self_contained: bool = False) -> tuple:
         """A chunk of documents (ids, titles, texts): (worker id, terms new since the last chunk, postings grouped
-        by document as worker-local term id and tf, distinct terms per doc, length per doc, stored records)."""
+        by document as worker-local term id and tf, distinct terms per doc, length per doc, stored records).
+
+        ``self_contained``: the worker id is None and the terms are those of this chunk alone, numbered from 0,
+        so the result means the same whichever worker made it and in whatever order results arrive (an
+        executor that may retry or reorder tasks, e.g. Ray, needs this)."""
         ids, titles, texts = batch
         term_ids, counts = self._doc_ids([_indexed_text(title, text) for title, text in zip(titles, texts)])
         if self._slots.size < len(self.terms):
             self._slots = np.zeros(2 * len(self.terms), dtype=np.int32)
         local, tfs, uniq, lengths = chunk_postings(term_ids, counts, self._slots)
+        stored = _stored_records(ids, titles, texts)
+        if self_contained:
+            used = np.unique(local)
+            terms = self.terms
+            return (None, [terms[t] for t in used.tolist()], np.searchsorted(used, local).astype(np.int32), tfs,
+                    uniq, lengths, stored)
         new = self.terms[self.sent:]
         self.sent = len(self.terms)
-        return os.getpid(), new, local, tfs, uniq, lengths, _stored_records(ids, titles, texts)
+        return os.getpid(), new, local, tfs, uniq, lengths, stored
 
 
 def _stored_records(ids: list[str], titles: list[str], texts: list[str]) -> tuple[bytes, np.ndarray, bytes, np.ndarray]:
@@ -191,6 +201,17 @@ def _init_pool_worker(cfg: dict) -> None:
 def _analyse_chunk(batch: tuple[list[str], list[str], list[str]]) -> tuple:
     assert _worker is not None
     return _worker.chunk(batch)
+
+
+class ChunkAnalyser:
+    """Analysis of document chunks for another executor (e.g. Ray workers): each result is self-contained
+    (``_ChunkAnalyser.chunk``), for ``build_index_from_analysed``. Chunk boundaries do not change the index."""
+
+    def __init__(self, analyzer_config: dict) -> None:
+        self._analyser = _ChunkAnalyser(analyzer_config)
+
+    def __call__(self, ids: list[str], titles: list[str], texts: list[str]) -> tuple:
+        return self._analyser.chunk((ids, titles, texts), self_contained=True)
 
 
 def _indexed_text(title: str, text: str) -> str:
@@ -263,19 +284,24 @@ class _Ingest:
             offh.write(offs.astype("<u8").tobytes())
             setattr(self, attr, int(offs[-1]) if len(offs) else getattr(self, attr))
 
-    def _global_ids(self, wid: int, new_terms: list[str]) -> np.ndarray:
-        """Worker-local term id -> provisional global id (first-seen order), extended with the worker's new terms."""
-        wmap = self._worker_maps.get(wid)
-        if wmap is None:
-            wmap = self._worker_maps[wid] = _Growable(np.int64)
-        if new_terms:
-            vocab = self.vocab
-            wmap.extend(np.array([vocab.setdefault(t, len(vocab)) for t in new_terms], dtype=np.int64))
-        V = len(self.vocab)
+    def _global_ids(self, wid: int | None, new_terms: list[str]) -> np.ndarray:
+        """Worker-local term id -> provisional global id (first-seen order), extended with the worker's new terms
+        (``wid`` None: a self-contained chunk, whose map is not kept)."""
+        vocab = self.vocab
+        if wid is None:
+            ids = np.array([vocab.setdefault(t, len(vocab)) for t in new_terms], dtype=np.int64)
+        else:
+            wmap = self._worker_maps.get(wid)
+            if wmap is None:
+                wmap = self._worker_maps[wid] = _Growable(np.int64)
+            if new_terms:
+                wmap.extend(np.array([vocab.setdefault(t, len(vocab)) for t in new_terms], dtype=np.int64))
+            ids = wmap.a
+        V = len(vocab)
         self.term_stats.ensure(V)
         self.term_stats.a[self.term_stats.n:V] = (0, -1)
         self.term_stats.n = V
-        return wmap.a
+        return ids
 
     def add_chunk(self, result: tuple) -> None:
         wid, new_terms, local, tfs, uniq, lengths, stored = result
@@ -425,6 +451,29 @@ def build_index_from_documents(documents: Iterable, out_dir: str | Path, options
     ``read_stats`` (an ``indexer.readers.ReadStats``), when given, drives the progress bar in input bytes.
     """
     opts = options or BuildOptions()
+    analyzer = Analyzer(opts.analyzer)
+    return _build_into(out_dir, opts, lambda tmp: _build(
+        _analyse_local(documents, analyzer, opts.workers or os.cpu_count() or 1), tmp, opts, analyzer,
+        source or {}, read_stats))
+
+
+def build_index_from_analysed(chunks: Iterable[tuple], out_dir: str | Path, options: BuildOptions | None = None,
+                              source: dict | None = None,
+                              shard_writer: Callable[[list[ShardJob], ShardInputs], Iterable[tuple]] | None = None
+                              ) -> dict:
+    """Index chunks analysed elsewhere (``ChunkAnalyser`` results, in input order: chunk boundaries do not
+    matter) into ``out_dir``; returns the manifest. ``shard_writer`` runs ``write_shard_job`` for every job,
+    anywhere that sees the same files, and yields its results in job order (default: here, one shard at a
+    time). ``source`` may be filled in until ``chunks`` is exhausted. The files are those of
+    ``build_index_from_documents`` over the same documents and options."""
+    opts = options or BuildOptions()
+    analyzer = Analyzer(opts.analyzer)
+    return _build_into(out_dir, opts, lambda tmp: _build(chunks, tmp, opts, analyzer, source if source is not None
+                                                         else {}, None, shard_writer))
+
+
+def _build_into(out_dir: str | Path, opts: BuildOptions, build: Callable[[Path], dict]) -> dict:
+    """Run ``build`` on a temporary directory next to ``out_dir`` and rename it into place when complete."""
     bs = opts.block_size
     if bs <= 0 or bs & (bs - 1):
         raise BuildError(f"block size must be a power of two, got {bs}")
@@ -436,9 +485,8 @@ def build_index_from_documents(documents: Iterable, out_dir: str | Path, options
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    bar = _Progress(opts.progress, read_stats)
     try:
-        manifest = _build(documents, tmp, opts, source or {}, bar)
+        manifest = build(tmp)
         if out.exists():
             trash = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(trash)
@@ -448,24 +496,16 @@ def build_index_from_documents(documents: Iterable, out_dir: str | Path, options
             tmp.rename(out)
         return manifest
     except BaseException:
-        bar.discard()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, bar: _Progress) -> dict:
-    t_start = time.time()
-    analyzer = Analyzer(opts.analyzer)
-    ing = _Ingest(tmp, opts)
-    workers = opts.workers or os.cpu_count() or 1
+def _analyse_local(documents: Iterable, analyzer: Analyzer, workers: int) -> Iterator[tuple]:
+    """Analysed chunks of ``documents`` in input order, from ``workers`` processes (or this one)."""
 
     def prepared() -> Iterator[tuple[list[str], list[str], list[str]]]:
         for batch in _iter_batches(documents, CHUNK_DOCS):
             yield [str(d.id) for d in batch], [d.title or "" for d in batch], [d.text or "" for d in batch]
-
-    def add(res: tuple) -> None:
-        ing.add_chunk(res)
-        bar.docs(res[4].size)
 
     if workers > 1:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
@@ -481,23 +521,75 @@ def _build(documents: Iterable, tmp: Path, opts: BuildOptions, source: dict, bar
                 for batch in prepared():
                     pending.append(pool.submit(_analyse_chunk, batch))
                     if len(pending) >= window:
-                        add(pending.popleft().result())
+                        yield pending.popleft().result()
                 while pending:
-                    add(pending.popleft().result())
+                    yield pending.popleft().result()
             finally:
                 pool.shutdown(cancel_futures=True)
     else:
         _init_worker(analyzer.config_dict())
         for batch in prepared():
-            add(_analyse_chunk(batch))
+            yield _analyse_chunk(batch)
+
+
+def _build(chunks: Iterable[tuple], tmp: Path, opts: BuildOptions, analyzer: Analyzer, source: dict, read_stats=None,
+           shard_writer=None) -> dict:
+    t_start = time.time()
+    ing = _Ingest(tmp, opts)
+    bar = _Progress(opts.progress, read_stats)
+    it = iter(chunks)
+    try:
+        for res in it:
+            ing.add_chunk(res)
+            bar.docs(res[4].size)
+    except BaseException:
+        bar.discard()  # erase the bar before the caller prints the error
+        raise
+    finally:
+        close = getattr(it, "close", None)  # stops a local pool at once on an error or Ctrl-C
+        if close is not None:
+            close()
     bar.close()
     ing.finish_streams()
     if ing.num_docs == 0:
         raise BuildError("no documents were read from the input")
-    return _write_layout(ing, tmp, opts, analyzer, source, t_start)
+    return _write_layout(ing, tmp, opts, analyzer, source, t_start, shard_writer)
 
 
-def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyzer, source: dict, t_start: float) -> dict:
+@dataclass
+class ShardJob:
+    """One shard to write: its directory, its runs (files the writer must see) and its block entries."""
+
+    index: int
+    dir: Path
+    runs: list[_Run]
+    entries: int
+
+
+@dataclass
+class ShardInputs:
+    """What the writing of every shard shares: final term ids, norms, the norm cache and the packing."""
+
+    remap: np.ndarray
+    norms: np.ndarray
+    cache: np.ndarray
+    log2_bs: int
+    tf_bits: int
+
+
+def write_shard_job(job: ShardJob, inputs: ShardInputs) -> tuple[int, int, dict[str, str]]:
+    """Write one shard's files wherever this runs (a ``shard_writer`` calls it); (postings, block entries,
+    SHA-256 of each file by its name in the shard directory)."""
+    job.dir.mkdir()
+    with _Checksums(job.dir) as sums, ThreadPoolExecutor(2) as pool:
+        parts = list(pool.map(_Run.load, job.runs))
+        P, E = _write_shard(job.dir, parts, inputs.remap, job.entries, inputs.log2_bs, inputs.tf_bits, inputs.norms,
+                            inputs.cache, pool, sums)
+        return int(P), int(E), {name: meta["sha256"] for name, meta in sums.files().items()}
+
+
+def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyzer, source: dict, t_start: float,
+                  shard_writer: Callable[[list[ShardJob], ShardInputs], Iterable[tuple]] | None = None) -> dict:
     from indexer.bm25 import avgdl_f32, norm_cache
 
     n = ing.num_docs
@@ -518,21 +610,30 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
         bp = ing.block_postings + [0] * (num_blocks - len(ing.block_postings))
         be = ing.block_entries + [0] * (num_blocks - len(ing.block_entries))
         shards = _plan_shards(bp, be, len(ing.vocab), n, block_size, opts.bank_bytes)
+        jobs = [ShardJob(si, tmp / L.shard_dirname(si), [run for run in ing.runs if b0 <= run.block < b1],
+                         sum(be[b0:b1])) for si, (b0, b1) in enumerate(shards)]
         # The next shard's runs are read by the pool (file reads release the GIL) while this thread works.
-        loads = [[pool.submit(run.load) for run in ing.runs if b0 <= run.block < b1] for b0, b1 in shards[:1]]
+        loads = [[pool.submit(run.load) for run in job.runs] for job in jobs[:1] if shard_writer is None]
         remap = _write_vocab(ing, sums)
         V = remap.size
 
         log2_bs = block_size.bit_length() - 1
+        if shard_writer is not None:
+            written = iter(shard_writer(jobs, ShardInputs(remap, norms, cache, log2_bs, tf_bits)))
         shard_meta = []
-        for si, (b0, b1) in enumerate(tqdm(shards, desc="writing shards", disable=not opts.progress)):
-            d = tmp / L.shard_dirname(si)
-            d.mkdir()
-            parts = [f.result() for f in loads.pop()]
-            if si + 1 < len(shards):
-                loads.append([pool.submit(run.load) for run in ing.runs if shards[si + 1][0] <= run.block < shards[si + 1][1]])
-            P, E = _write_shard(d, parts, remap, sum(be[b0:b1]), log2_bs, tf_bits, norms, cache, pool, sums)
-            del parts
+        for job, (b0, b1) in zip(tqdm(jobs, desc="writing shards", disable=not opts.progress), shards):
+            d = job.dir
+            if shard_writer is not None:
+                P, E, hashes = next(written)
+                for name, sha in hashes.items():
+                    sums.record(d / name, sha)
+            else:
+                d.mkdir()
+                parts = [f.result() for f in loads.pop()]
+                if job.index + 1 < len(jobs):
+                    loads.append([pool.submit(run.load) for run in jobs[job.index + 1].runs])
+                P, E = _write_shard(d, parts, remap, job.entries, log2_bs, tf_bits, norms, cache, pool, sums)
+                del parts
             doc_start, doc_end = b0 * block_size, min(b1 * block_size, n)
             shard_meta.append({"dir": d.name, "doc_start": doc_start, "doc_end": doc_end, "block_start": b0,
                                "block_end": b1, "postings": int(P), "entries": int(E),
@@ -582,6 +683,12 @@ class _Checksums:
 
     def add(self, path: Path) -> None:
         self._sums[path] = self._pool.submit(_sha256, path)
+
+    def record(self, path: Path, sha256: str) -> None:
+        """A file written and hashed elsewhere (``write_shard_job``)."""
+        done: Future = Future()
+        done.set_result(sha256)
+        self._sums[path] = done
 
     def write(self, path: Path, a: np.ndarray) -> None:
         """Write ``a`` as a raw little-endian array file and hash it, both in the background (``a`` must not
@@ -794,9 +901,13 @@ def build_index(inputs: list[str | Path], out_dir: str | Path, options: BuildOpt
 
     def counted() -> Iterator:
         yield from docs
-        source.update(records=stats.records, documents=stats.documents, skipped=stats.skipped,
-                      filtered=stats.filtered, invalid_utf8=stats.invalid_utf8, error_count=stats.error_count,
-                      truncated=list(stats.truncated),
-                      errors=[f"{e.file}:{e.line}: {e.message}" for e in stats.errors[:100]])
+        source.update(read_counts(stats))
 
     return build_index_from_documents(counted(), out_dir, options, source, read_stats=stats)
+
+
+def read_counts(stats) -> dict:
+    """The reader's final counts (an ``indexer.readers.ReadStats``) as the manifest's ``source`` records them."""
+    return dict(records=stats.records, documents=stats.documents, skipped=stats.skipped, filtered=stats.filtered,
+                invalid_utf8=stats.invalid_utf8, error_count=stats.error_count, truncated=list(stats.truncated),
+                errors=[f"{e.file}:{e.line}: {e.message}" for e in stats.errors[:100]])

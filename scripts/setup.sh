@@ -13,9 +13,9 @@ case "$WHAT" in
          "waitress, datasets, transformers and torch (the CPU wheel). About 1.6 GB; a few minutes on a first run," \
          "seconds once installed." ;;
   dev)
-    TARGET=".[dev]"
+    TARGET=".[dev,ray]"
     echo "setup: installing ragserve with the runtime dependencies (numpy, numba, torch, transformers, ...) and" \
-         "the test and benchmark tools (pytest, playwright, pyserini with a JDK, bm25s, rank-bm25) into .venv." \
+         "the test and benchmark tools (pytest, playwright, pyserini with a JDK, bm25s, rank-bm25, Ray) into .venv." \
          "About 2.6 GB; 5-10 minutes on a first run, seconds once installed." ;;
   *)
     echo "usage: bash scripts/setup.sh [runtime|dev]   (got '$WHAT')" >&2

@@ -53,3 +53,19 @@ def hotpot_index(tmp_path_factory, hotpot_paragraphs_jsonl) -> Path:
     out = tmp_path_factory.mktemp("idx") / "hotpot"
     build_index([hotpot_paragraphs_jsonl], out, BuildOptions(block_size=1 << 10, bank_bytes=1 << 20, progress=False))
     return out
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> str:
+    """One local Ray cluster for the whole session (several worker processes on this machine, loopback only):
+    its address, which the in-process tests use and `ragserve ... --ray ADDRESS` subprocesses join."""
+    import os
+
+    ray = pytest.importorskip("ray")
+    # Workers import this checkout, and run at normal priority (Ray's default niceness starves them here).
+    os.environ["RAY_worker_niceness"] = "0"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=6, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING",
+             log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("what, target", [("runtime", "-e ."), ("dev", "-e .[dev]")])
+@pytest.mark.parametrize("what, target", [("runtime", "-e ."), ("dev", "-e .[dev,ray]")])
 def test_setup_says_what_it_installs(what, target):
     r = subprocess.run(["bash", "scripts/setup.sh", what], cwd=REPO, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "DRY_RUN": "1"})

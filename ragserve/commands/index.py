@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0, help="analysis processes (default: one per core)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="build on the Ray cluster at ADDRESS (local: start one here) with Ray Data; the same "
+                        "index files as without it (needs ragserve[ray]; the output directory on a shared file system)")
     p.set_defaults(func=run)
 
 
@@ -57,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
                         analyzer=AnalyzerConfig(stemmer="none" if args.no_stem else "porter",
                                                 stopwords="none" if args.no_stopwords else "lucene-english"))
     try:
-        manifest = build_index(args.inputs, args.out, opts, fmt=args.format, on_error=args.on_error,
-                               passage_words=args.passage_words)
+        if args.ray:
+            manifest = _build_on_ray(args, opts)
+        else:
+            manifest = build_index(args.inputs, args.out, opts, fmt=args.format, on_error=args.on_error,
+                                   passage_words=args.passage_words)
     except (BuildError, CorpusError) as e:
         raise CliError(str(e)) from e
     except OSError as e:  # e.g. a folder above --out is a file, or not writable
@@ -80,3 +86,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {path} ends early (truncated or corrupt compressed data); documents before the cut "
               f"were indexed", file=sys.stderr)
     return 0
+
+
+def _build_on_ray(args: argparse.Namespace, opts) -> dict:
+    from ragserve.distributed import RayUnavailable
+
+    try:
+        from ragserve.distributed.build import build_index_ray
+
+        return build_index_ray(args.inputs, args.out, opts, fmt=args.format, on_error=args.on_error,
+                               passage_words=args.passage_words, address=args.ray, workers=args.workers)
+    except RayUnavailable as e:
+        raise CliError(str(e)) from e

@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="drop a hit whose doc id equals the query id (BEIR ArguAna convention)")
     p.add_argument("--xclbin", help="FPGA bitstream for --backend fpga")
     p.add_argument("--device", help="device of the backend: cuda:N for gpu (default cuda), an XRT device index for fpga")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="search on the Ray cluster at ADDRESS (local: start one here): shard groups on Ray actors, "
+                        "each with --backend; the same hits (needs ragserve[ray])")
+    p.add_argument("--ray-groups", type=int, default=0, metavar="N",
+                   help="with --ray: shard groups, one actor each (default: as many as the cluster holds, "
+                        "at most one per shard)")
     p.set_defaults(func=run)
 
 
@@ -46,6 +52,8 @@ def _searcher(args: argparse.Namespace):
     if not args.device:
         check_backend(args.backend, device_option=True)
     try:
+        if args.ray:
+            return _distributed_searcher(args, opts)
         return Searcher(args.index, backend=args.backend, **opts)
     except (InvalidIndexError, SearchError) as e:
         raise CliError(str(e)) from e
@@ -53,7 +61,21 @@ def _searcher(args: argparse.Namespace):
         raise CliError(str(e)) from e
 
 
+def _distributed_searcher(args: argparse.Namespace, opts: dict):
+    from ragserve.distributed import RayUnavailable
+
+    try:
+        from ragserve.distributed.shards import DistributedSearcher, GroupOptions
+
+        return DistributedSearcher(args.index, ray=args.ray, groups=args.ray_groups or None,
+                                   options=GroupOptions(backend=args.backend, backend_options=opts,
+                                                        num_gpus=1.0 if args.backend == "gpu" else 0.0))
+    except (RayUnavailable, ValueError) as e:
+        raise CliError(str(e)) from e
+
+
 def run(args: argparse.Namespace) -> int:
+    from ragserve.distributed.errors import ShardsUnavailable
     from ragserve.kernels.contract import SearchError
     from ragserve.retrieval.searcher import MAX_K
 
@@ -79,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_file(args, searcher)
     except SearchError as e:
         raise CliError(str(e)) from e
+    except ShardsUnavailable as e:  # with --ray: a replica is down (not bad input: exit 1)
+        print(f"ragserve search: error: {e}", file=sys.stderr)
+        return 1
     finally:
         searcher.close()
 

@@ -53,6 +53,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="answers queued or running on the generator before 503 (default 8)")
     lim.add_argument("--shutdown-grace", type=float, default=30.0,
                      help="seconds to finish in-flight requests after SIGTERM (default 30)")
+    ray = p.add_argument_group("Ray (needs ragserve[ray]; the index on a file system every node sees)")
+    ray.add_argument("--ray", metavar="ADDRESS",
+                     help="serve on Ray Serve at the cluster ADDRESS (local: start one here): shard groups on Ray "
+                          "actors with --backend, the same API; the generator as its own deployment")
+    ray.add_argument("--ray-groups", type=int, default=0, metavar="N",
+                     help="shard groups, one actor each (default: as many as the cluster holds, at most one a shard)")
+    ray.add_argument("--ray-group-cpus", type=float, default=1.0, help="CPUs a group's actor reserves (default 1)")
+    ray.add_argument("--ray-group-gpus", type=float, default=0.0,
+                     help="GPUs a group's actor reserves with --backend gpu (e.g. 0.25: four share a GPU)")
+    ray.add_argument("--ray-replicas", type=int, default=1, help="HTTP ingress replicas (default 1)")
     p.set_defaults(func=run)
 
 
@@ -97,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"refusing to bind to non-loopback address {args.host!r} without an API key "
                        f"(pass --api-key or set {ENV_API_KEY})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.ray:
+        return _serve_on_ray(args, cfg)
     opts = {"xclbin": args.xclbin} if args.xclbin else {}
     check_backend(args.backend)
     try:
@@ -135,6 +147,21 @@ def run(args: argparse.Namespace) -> int:
     if warmup.error:
         raise CliError(warmup.error)
     return rc
+
+
+def _serve_on_ray(args: argparse.Namespace, cfg) -> int:
+    from indexer.reader import InvalidIndexError
+    from ragserve.distributed import RayUnavailable
+
+    if args.ray_groups < 0 or args.ray_replicas < 1 or args.ray_group_cpus < 0 or args.ray_group_gpus < 0:
+        raise CliError("--ray-groups, --ray-group-cpus and --ray-group-gpus must not be negative, "
+                       "--ray-replicas at least 1")
+    try:
+        from ragserve.distributed.serve import serve_on_ray
+
+        return serve_on_ray(args, cfg)
+    except (RayUnavailable, InvalidIndexError, ValueError) as e:
+        raise CliError(str(e)) from e
 
 
 def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):

@@ -87,7 +87,10 @@ class AnswerService:
 
     def __init__(self, model: str, searcher: Searcher, config: ServerConfig, metrics: ServerMetrics, *,
                  device: str = "auto", exemplars: str = "multihop.txt", reranker: str | None = None,
-                 rerank_depth: int = 100, max_new_tokens: int = 256) -> None:
+                 rerank_depth: int = 100, max_new_tokens: int = 256,
+                 load_generator: Callable[..., Generator] = Generator) -> None:
+        """``load_generator(model, device=...)`` makes the generator (another one: e.g. a client of a generator
+        that runs elsewhere, as on Ray Serve)."""
         try:
             self.prompts = PromptBuilder(load_exemplars(exemplars))
         except PromptError as e:
@@ -105,13 +108,14 @@ class AnswerService:
         self.generator: Generator | None = None
         self.reranking = None  # the two-stage method's retriever; every other method uses the searcher
         self._reranker = (reranker, rerank_depth)
+        self._load_generator = load_generator
         self._loading: Future = self.queue.submit(self._load, bounded=False)  # on the generator's own thread
 
     # -- loading --------------------------------------------------------------------------------
     def _load(self) -> None:
         t0 = time.perf_counter()
         try:
-            generator = Generator(self.model_name, device=self.device)
+            generator = self._load_generator(self.model_name, device=self.device)
             path, depth = self._reranker
             if path:
                 from ragserve.rag.rerank import CrossEncoder, RerankingSearcher

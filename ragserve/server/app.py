@@ -124,12 +124,15 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
         if warmup is not None and not warmup.done.wait(max(0.0, g.deadline - time.monotonic())):
             raise ApiError(504, "timeout", "the server was still warming up past the request timeout")
         t0 = time.perf_counter()
-        hits, times = search.search(req, g.deadline)
+        missing: set[int] = set()
+        hits, times = search.search(req, g.deadline, missing)
         timing = {**times.to_dict(), "total": time.perf_counter() - t0}
         del timing["apply"]
         results = [{"query": q, "hits": [dict(rank=i + 1, **h.to_dict()) for i, h in enumerate(hs)]}
                    for q, hs in zip(req.queries, hits)]
         common = {"k": req.k, "backend": searcher.backend_name, "timing": timing}
+        if req.partial:  # the exact top-k of the other shards; empty when every shard answered
+            common["missing_shards"] = sorted(missing)
         return jsonify(**results[0], **common) if not req.batch else jsonify(results=results, **common)
 
     @app.post("/v1/answer")

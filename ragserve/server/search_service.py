@@ -6,6 +6,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from ragserve.distributed.errors import ShardsUnavailable
 from ragserve.kernels.contract import SearchError, StageTimes
 from ragserve.retrieval.searcher import Hit, Searcher
 from ragserve.server.errors import ApiError, invalid
@@ -34,13 +35,20 @@ class SearchService:
         finally:
             self._slots.release()
 
-    def search(self, req: SearchRequest, deadline: float) -> tuple[list[list[Hit]], StageTimes]:
+    def search(self, req: SearchRequest, deadline: float,
+               missing: set[int] | None = None) -> tuple[list[list[Hit]], StageTimes]:
+        """``missing`` (with ``req.partial``): the shards a sharded searcher could not reach are added to it."""
         times = StageTimes()
+        # Only a sharded searcher can miss shards; a local one always searches them all.
+        extra = {"missing": missing} if req.partial and getattr(self.searcher, "can_miss_shards", False) else {}
         with self._backend(deadline):
             try:
-                hits = self.searcher.search_batch(req.queries, k=req.k, k1=req.k1, b=req.b, times=times)
+                hits = self.searcher.search_batch(req.queries, k=req.k, k1=req.k1, b=req.b, times=times, **extra)
             except SearchError as e:  # the request checks cover these; kept so a backend's own limit is a 400
                 raise invalid("query", str(e)) from None
+            except ShardsUnavailable as e:
+                raise ApiError(503, "shards_unavailable", f'{e} ("partial": true)', headers={"Retry-After": "5"}
+                               ) from None
         self.record(times, len(req.queries))
         return hits, times
 

@@ -104,9 +104,10 @@ class SearchRequest:
     k: int = 10
     k1: float | None = None
     b: float | None = None
+    partial: bool = False  # a sharded server may answer from the shards that are up, naming the others
 
 
-SEARCH_FIELDS = {"query", "queries", "k", "k1", "b"}
+SEARCH_FIELDS = {"query", "queries", "k", "k1", "b", "partial"}
 K1_MAX = 100.0  # far above any useful value; keeps the f32 arithmetic well inside its range
 
 
@@ -128,7 +129,8 @@ def search_request(body: dict, cfg: ServerConfig) -> SearchRequest:
     k = int_field(body.get("k", 10), "k", 1, cfg.max_k)
     k1 = float_field(body["k1"], "k1", 0.0, K1_MAX, lo_open=True) if "k1" in body else None
     b = float_field(body["b"], "b", 0.0, 1.0) if "b" in body else None
-    return SearchRequest(queries=queries, batch=batch, k=k, k1=k1, b=b)
+    partial = bool_field(body.get("partial", False), "partial")
+    return SearchRequest(queries=queries, batch=batch, k=k, k1=k1, b=b, partial=partial)
 
 
 @dataclass(frozen=True)
