@@ -67,3 +67,71 @@ def inner_product(queries: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Relevancy of dense vectors: ``scores[i, j] = queries[i] . keys[j]`` in f32 (BLAS), shape [m, n]."""
     q = np.atleast_2d(np.asarray(queries, dtype=np.float32))
     return q @ np.asarray(keys, dtype=np.float32).T
+
+
+# Fixed-order dense relevancy: the arithmetic the FPGA's inner-product engine (hls_bm25/attn_topk.cpp) performs,
+# so the two agree bit for bit. Each lane's f32 product (or Quest bound term), then a pairwise tree over the lanes
+# padded with zeros to a power of two: level by level, lane i = lane 2i + lane 2i+1. BLAS sums in an order of its
+# own choosing, which is why ``inner_product`` cannot be the reference for the FPGA.
+
+@njit(nogil=True, cache=True, inline="always")
+def _tree(buf, width):
+    w = width
+    while w > 1:
+        w >>= 1
+        for i in range(w):
+            buf[i] = buf[2 * i] + buf[2 * i + 1]
+    return buf[0]
+
+
+def _lanes(dim: int) -> int:
+    width = 1
+    while width < dim:
+        width *= 2
+    return width
+
+
+@njit(nogil=True, cache=True)
+def _dots_tree(q, keys, width, out):
+    m, dim = q.shape
+    buf = np.zeros(width, np.float32)
+    for j in range(keys.shape[0]):
+        for i in range(m):
+            for d in range(dim):
+                buf[d] = q[i, d] * keys[j, d]
+            for d in range(dim, width):
+                buf[d] = np.float32(0.0)
+            out[i, j] = _tree(buf, width)
+
+
+@njit(nogil=True, cache=True)
+def _bounds_tree(q, lo, hi, width, out):
+    m, dim = q.shape
+    buf = np.zeros(width, np.float32)
+    for j in range(lo.shape[0]):
+        for i in range(m):
+            for d in range(dim):
+                buf[d] = max(q[i, d] * lo[j, d], q[i, d] * hi[j, d])
+            for d in range(dim, width):
+                buf[d] = np.float32(0.0)
+            out[i, j] = _tree(buf, width)
+
+
+def inner_product_tree(queries: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``scores[i, j] = queries[i] . keys[j]`` in f32, summed by the fixed pairwise tree: shape [m, n]."""
+    q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+    k = np.ascontiguousarray(keys, dtype=np.float32)
+    out = np.empty((q.shape[0], k.shape[0]), np.float32)
+    _dots_tree(q, k, _lanes(q.shape[1]), out)
+    return out
+
+
+def bound_tree(queries: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Quest's upper bound of ``queries[i] . k`` over keys between ``lo[j]`` and ``hi[j]`` (elementwise):
+    ``sum_d max(q_d * lo_d, q_d * hi_d)`` in f32 by the same tree, shape [m, n]."""
+    q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+    lo = np.ascontiguousarray(lo, dtype=np.float32)
+    hi = np.ascontiguousarray(hi, dtype=np.float32)
+    out = np.empty((q.shape[0], lo.shape[0]), np.float32)
+    _bounds_tree(q, lo, hi, _lanes(q.shape[1]), out)
+    return out

@@ -361,3 +361,19 @@ def inner_product(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """``scores[i, j] = queries[i] . keys[j]``, shape [m, n], accumulated in f32 whatever the inputs' dtype."""
     q = queries if queries.dim() == 2 else queries[None]
     return torch.matmul(q.float(), keys.float().transpose(0, 1))
+
+
+def batched_inner_product(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``inner_product`` over leading batch dimensions: queries [..., m, D], keys [..., n, D] -> [..., m, n] f32."""
+    return torch.matmul(queries.float(), keys.float().transpose(-1, -2))
+
+
+def bound_inner_product(queries: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Quest's bound ``sum_d max(q_d * lo_d, q_d * hi_d)``: queries [..., m, D], lo/hi [..., n, D] -> [..., m, n].
+
+    As ``max(q*lo, q*hi) = q*hi`` where q >= 0 and ``q*lo`` elsewhere, the bound is two inner products,
+    ``q+ . hi + q- . lo``, so it runs on the matrix units instead of materialising [m, n, D] products.
+    """
+    q = queries.float()
+    return (torch.matmul(q.clamp(min=0), hi.float().transpose(-1, -2))
+            + torch.matmul(q.clamp(max=0), lo.float().transpose(-1, -2)))

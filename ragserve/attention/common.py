@@ -1,0 +1,74 @@
+"""The data the attention methods, their kernels and their callers share: settings, index, scores, selection."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class AttentionError(ValueError):
+    """Bad attention settings or inputs: callers turn it into exit 2 / a 4xx."""
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """Settings shared by the methods (each uses the ones it needs).
+
+    ``budget``: tokens attended per KV group, sink and local window included (a page method counts whole pages, the
+    last one with the tokens it holds). ``sink`` / ``local``: the first / last tokens always attended, rounded up to
+    whole units. ``threshold``: seer-threshold keeps a block when its gate probability (softmax over the blocks of
+    the gate scores) is at least this, the budget being the cap.
+    """
+
+    budget: int = 2048
+    page_size: int = 16
+    block_size: int = 64
+    sink: int = 16
+    local: int = 64
+    threshold: float = 1e-3
+
+    def validate(self, unit: int) -> None:
+        for name in ("budget", "page_size", "block_size"):
+            if getattr(self, name) < 1:
+                raise AttentionError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sink < 0 or self.local < 0:
+            raise AttentionError("sink and local must be >= 0")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise AttentionError(f"threshold must be in [0, 1], got {self.threshold}")
+        kept = (math.ceil(self.sink / unit) + math.ceil(self.local / unit)) * unit
+        if self.budget < max(kept, unit):
+            raise AttentionError(f"budget {self.budget} does not hold the sink and local window "
+                                 f"({kept} tokens in units of {unit}) plus one unit")
+
+
+@dataclass
+class Index:
+    """A method's index of the first ``n`` cached tokens: named arrays, units along axis -2 (or none)."""
+
+    n: int
+    arrays: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Relevancy:
+    """Unit scores [B, Gs, U] (Gs = G, or 1 when one selection serves every group), and the top units of the
+    middle range when the device fused the selection into scoring (the FPGA kernel), else None."""
+
+    scores: Any
+    top: Any = None
+    scale: float = 1.0  # what turns a score into a logit (a gate's softmax uses it)
+
+
+@dataclass
+class Selection:
+    """Tokens attended per (sequence, selection group): ``tokens`` [B, Gs, S] ascending, ``valid`` [B, Gs, S]
+    (False on padding: past the end of the cache, or a block under the threshold); ``top`` [B, Gs, k] the units
+    chosen by score, best first (sink and local units excluded)."""
+
+    tokens: Any
+    valid: Any
+    top: Any
+
+    def counts(self):
+        """Tokens attended per [B, Gs]."""
+        return self.valid.sum(-1)
