@@ -6,6 +6,7 @@
 //   score       -> BM25 term score per posting, f32, with the norm looked up in an on-chip copy of the block's norms
 //   accumulate  -> f64 accumulator of block_size docs in URAM, II=1; flushes the block's touched docs as f32 scores
 //   select_topk -> running sorted top-k (score desc, docid asc) in registers, one candidate per cycle
+//                  (topk_select.h, shared with attn_topk.cpp)
 //   write_out   -> top-k, counts and per-query loop counters to HBM
 //
 // Bit-exactness with the CPU backend: the host computes w = boost * idf (f32) and cache[256] (f32) with
@@ -15,6 +16,7 @@
 #include <hls_stream.h>
 
 #include "bm25_topk.h"
+#include "topk_select.h"
 
 namespace {
 
@@ -38,11 +40,6 @@ struct Cand {
     float score;
     uint32_t last;  // 1: end of the query's candidates
 };
-
-// Ranking order of FORMAT.md: higher score first, then lower docid.
-inline bool better(float sa, uint32_t da, float sb, uint32_t db) {
-    return (sa > sb) | ((sa == sb) & (da < db));
-}
 
 void read_shard(const PostWord* postings, const NormWord* norms, const uint32_t* term_ptr, const uint32_t* blk_id,
                 const uint32_t* blk_start, const uint32_t* q_off, const uint32_t* q_terms, const float* q_weights,
@@ -264,49 +261,22 @@ queries:
 
 void select_topk(uint32_t num_queries, uint32_t k, hls::stream<Cand>& cand, hls::stream<uint32_t>& count,
                  hls::stream<Cand>& best, hls::stream<uint32_t>& stats) {
-    // Sorted list in registers: each candidate is compared with every slot at once and the slots below its
-    // rank shift by one, so a candidate costs one cycle whatever its rank. Empty slots hold a sentinel that
-    // every real score (>= 0) beats.
+    // The shared running top-k (topk_select.h): one candidate per cycle whatever its rank. Every real score
+    // (>= 0) beats the empty slots' sentinel.
     float top_s[BM25_MAX_K];
     uint32_t top_d[BM25_MAX_K];
 #pragma HLS array_partition variable = top_s type = complete
 #pragma HLS array_partition variable = top_d type = complete
 queries:
     for (uint32_t q = 0; q < num_queries; ++q) {
-    reset:
-        for (uint32_t j = 0; j < BM25_MAX_K; ++j) {
-#pragma HLS unroll
-            top_s[j] = -1.0f;
-            top_d[j] = 0xFFFFFFFFu;
-        }
+        topk_reset<BM25_MAX_K>(top_s, top_d);
         uint32_t n = 0, inserts = 0;
     candidates:
         while (true) {
 #pragma HLS pipeline II = 1
             const Cand c = cand.read();
             if (c.last) break;
-            if (!better(c.score, c.doc, top_s[k - 1], top_d[k - 1])) continue;
-            ++inserts;
-            if (n < k) ++n;
-            // Rank = number of kept entries better than c (parallel compares, adder tree); the entries from
-            // that rank down shift by one slot and c takes the freed one.
-            uint32_t rank = 0;
-        rank_of:
-            for (uint32_t j = 0; j < BM25_MAX_K; ++j) {
-#pragma HLS unroll
-                rank += (j < k) & better(top_s[j], top_d[j], c.score, c.doc);
-            }
-        shift:
-            for (uint32_t j = BM25_MAX_K - 1; j > 0; --j) {
-#pragma HLS unroll
-                const bool move = (j < k) & (j > rank);
-                const float above_s = top_s[j - 1], own_s = top_s[j];
-                const uint32_t above_d = top_d[j - 1], own_d = top_d[j];
-                top_s[j] = move ? above_s : own_s;
-                top_d[j] = move ? above_d : own_d;
-            }
-            top_s[rank] = c.score;
-            top_d[rank] = c.doc;
+            inserts += topk_offer<BM25_MAX_K>(top_s, top_d, k, n, c.score, c.doc);
         }
         count.write(n);
     emit:

@@ -14,13 +14,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ragserve.attention.common import Relevancy, Selection
+from ragserve.attention.common import AttentionError, Relevancy, Selection
 from ragserve.kernels.cpu import relevancy as cpu_rel
 from ragserve.kernels.cpu import selection as cpu_sel
 from ragserve.kernels.gpu import relevancy as gpu_rel
 from ragserve.kernels.gpu import selection as gpu_sel
 
 NEG_INF = float("-inf")
+# Added to maxima: -0.0 + 0.0 = +0.0, so a max never depends on which of two equal zeros it kept (the FPGA
+# kernel does the same), and the scores agree bit for bit.
+ZERO = np.float32(0.0)
 
 
 class CpuOps:
@@ -92,7 +95,7 @@ class CpuOps:
         tok = np.empty((b, gs, n), np.float32)
         for i, j in rows:
             tok[i, j] = cpu_rel.inner_product_tree(q[i, j], keys[i, j]).max(0)
-        return self._unit_max(self._masked(tok, key_valid), unit)
+        return self._unit_max(self._masked(tok + ZERO, key_valid), unit)
 
     def dots_wrelu(self, q, w, keys, key_valid=None):
         q, w, keys = self.asarray(q), self.asarray(w).astype(np.float32), self.asarray(keys)
@@ -112,7 +115,7 @@ class CpuOps:
         out = np.empty((b, gs, lo.shape[-2]), np.float32)
         for i, j in rows:
             out[i, j] = cpu_rel.bound_tree(q[i, j], lo[i, j], hi[i, j]).max(0)
-        return out
+        return out + ZERO
 
     @staticmethod
     def _masked(tok, key_valid):
@@ -126,7 +129,7 @@ class CpuOps:
             return tok
         pad = -tok.shape[-1] % unit
         t = np.pad(tok, [(0, 0), (0, 0), (0, pad)], constant_values=NEG_INF)
-        return t.reshape(tok.shape[:-1] + (-1, unit)).max(-1)
+        return t.reshape(tok.shape[:-1] + (-1, unit)).max(-1) + ZERO
 
     # -- retrieval --------------------------------------------------------------------------------------
     @staticmethod
@@ -184,6 +187,34 @@ class CpuOps:
         n = keys.shape[-2]
         tokens = np.arange(n)[None, None, :]
         return self.attend_selected(q, keys, values, tokens, np.ones(tokens.shape, bool), scale, key_valid)
+
+
+class FpgaSimOps(CpuOps):
+    """The CPU's arrays and kernels, with relevancy and selection fused in the FPGA kernel's C simulation
+    (``hls_bm25/attn_topk.cpp``): the same f32 operations in the same order, so the same bits as ``CpuOps``."""
+
+    name = "fpga-sim"
+
+    def relevancy(self, kind: str, plan: tuple[int, int, int], **arrays) -> Relevancy:
+        from ragserve.kernels.fpga.attention import FpgaLimitError, attn_topk
+
+        if arrays.get("key_valid") is not None:
+            raise AttentionError("fpga-sim does not take a key mask")
+        q = self.asarray(arrays["q"])
+        keys = self.asarray(arrays["lo" if kind == "bounds_max" else "keys"])
+        b, gs = q.shape[:2]
+        unit = arrays.get("unit", 1)
+        num_units = -(-keys.shape[-2] // unit)
+        sink, local, k = plan
+        try:
+            r = attn_topk(kind, q.reshape(b * gs, *q.shape[2:]), keys.reshape(b * gs, *keys.shape[2:]), unit,
+                          sink, num_units - local, k,
+                          w=None if "w" not in arrays else self.asarray(arrays["w"]).reshape(b * gs, -1),
+                          keys_hi=None if kind != "bounds_max" else self.asarray(arrays["hi"]).reshape(
+                              b * gs, *keys.shape[2:]))
+        except FpgaLimitError as e:
+            raise AttentionError(str(e)) from None
+        return Relevancy(r["scores"].reshape(b, gs, -1), top=r["ids"].reshape(b, gs, -1))
 
 
 class TorchOps:
@@ -315,6 +346,7 @@ class TorchOps:
 
 
 CPU = CpuOps()
+FPGA_SIM = FpgaSimOps()
 TORCH = TorchOps()
 
 

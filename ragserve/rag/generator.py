@@ -33,6 +33,7 @@ class Generation:
     tokens_generated: int  # every token decoded, including any cut off after the stop point
     prompt_tokens: int
     stop: str  # eos | newline | sentence | length
+    attention: dict | None = None  # the sparse decoding's method, budget, attended share and stage seconds
 
     @property
     def probs(self) -> np.ndarray:
@@ -77,9 +78,12 @@ def stop_point(text: str, mode: str) -> tuple[int, str] | None:
 
 class Generator:
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", temperature: float = 0.0,
-                 seed: int = 0, threads: int = 0) -> None:
+                 seed: int = 0, threads: int = 0, attention: str | None = None, budget: int | None = None,
+                 **attention_options) -> None:
         """``threads`` > 0 sets torch's (process-wide) CPU thread count: one thread is fastest for small
-        models on a shared machine, where spinning threads compete for cores."""
+        models on a shared machine, where spinning threads compete for cores. ``attention``: decode with this
+        sparse attention method (``ragserve.attention``) and token ``budget``, prefill staying dense; options such
+        as ``page_size`` go to the method."""
         if problem := model_path_problem(model):
             raise GeneratorError(problem)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -135,6 +139,23 @@ class Generator:
         eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
         self.eos_ids = {int(e) for e in eos if e is not None}
         self.bos_id = self.tokenizer.bos_token_id
+        self.attention_method = None
+        if attention is not None:
+            self.attention_method = self.sparse_method(attention, budget, **attention_options)
+
+    def sparse_method(self, name: str, budget: int | None = None, **options):
+        """A sparse attention method for this model's decode steps (its attention function installed on first use)."""
+        from ragserve.attention import AttentionError, get_method
+        from ragserve.attention import hf
+
+        if budget is not None:
+            options["budget"] = budget
+        try:
+            method = get_method(name, **options)
+        except AttentionError as e:
+            raise GeneratorError(str(e)) from e
+        hf.install(self.model)
+        return method
 
     # -- tokens -----------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
@@ -167,8 +188,20 @@ class Generator:
 
     # -- generation -------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompt: str, max_new_tokens: int, stop: str = "line") -> Generation:
-        """Decode after ``prompt`` until EOS, ``max_new_tokens`` or the stop point of ``stop`` mode."""
+    def generate(self, prompt: str, max_new_tokens: int, stop: str = "line", attention=None) -> Generation:
+        """Decode after ``prompt`` until EOS, ``max_new_tokens`` or the stop point of ``stop`` mode, with the
+        generator's sparse attention or the method ``attention`` (from ``sparse_method``) instead."""
+        method = attention if attention is not None else self.attention_method
+        if method is None:
+            return self._generate(prompt, max_new_tokens, stop)
+        from ragserve.attention import hf
+
+        with hf.session(method) as s:
+            g = self._generate(prompt, max_new_tokens, stop)
+        g.attention = s.stats()
+        return g
+
+    def _generate(self, prompt: str, max_new_tokens: int, stop: str) -> Generation:
         if stop not in STOP_MODES:
             raise GeneratorError(f"stop must be one of {STOP_MODES}")
         if max_new_tokens < 1:

@@ -111,7 +111,9 @@ def _bounds_tree(q, lo, hi, width, out):
     for j in range(lo.shape[0]):
         for i in range(m):
             for d in range(dim):
-                buf[d] = max(q[i, d] * lo[j, d], q[i, d] * hi[j, d])
+                a = q[i, d] * lo[j, d]
+                b = q[i, d] * hi[j, d]
+                buf[d] = b if b > a else a  # as the FPGA's fmax_first: which of two equal zeros is kept
             for d in range(dim, width):
                 buf[d] = np.float32(0.0)
             out[i, j] = _tree(buf, width)

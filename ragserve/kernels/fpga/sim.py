@@ -22,7 +22,11 @@ from ragserve.kernels.fpga.host import (DEFAULT_BATCH, FpgaHostBackend, FpgaUnav
                                          LaunchResult, QueryBatch)
 
 HLS_DIR = Path(__file__).resolve().parents[3] / "hls_bm25"
-SOURCES = ("bm25_topk.cpp", "bm25_topk.h", "shim/hls_stream.h")
+# Each kernel's source and every file it includes (the cache key hashes them all).
+KERNEL_SOURCES = {
+    "bm25_topk": ("bm25_topk.cpp", "bm25_topk.h", "topk_select.h", "shim/hls_stream.h"),
+    "attn_topk": ("attn_topk.cpp", "attn_topk.h", "topk_select.h", "shim/hls_stream.h"),
+}
 # Same flags as the Makefile's `lib` target. -ffp-contract=off keeps 1 + tf * cache two rounded operations.
 CXXFLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-ffp-contract=off", "-Wno-unknown-pragmas")
 
@@ -34,7 +38,6 @@ _ARGTYPES = [_u32p, _u8p, _u32p, _u32p, _u32p, _f32p, _u32p, _u32p, _f32p, _u32p
 
 # The kernel keeps its accumulator in static memory (on-chip RAM in hardware): one call at a time per process.
 _CALL_LOCK = threading.Lock()
-_LIB: ctypes.CDLL | None = None
 
 
 def _cache_dirs() -> list[Path]:
@@ -42,18 +45,19 @@ def _cache_dirs() -> list[Path]:
             / "fpga-sim"]
 
 
-def library_path() -> Path:
-    """Build the C-simulation library if needed (g++), and return its path."""
-    missing = [s for s in SOURCES if not (HLS_DIR / s).is_file()]
+def library_path(kernel: str = "bm25_topk") -> Path:
+    """Build the C-simulation library of ``kernel`` if needed (g++), and return its path."""
+    sources = KERNEL_SOURCES[kernel]
+    missing = [s for s in sources if not (HLS_DIR / s).is_file()]
     if missing:
         raise FpgaUnavailableError(f"the kernel source is missing ({HLS_DIR}/{missing[0]}); fpga-sim needs a "
                                    f"ragserve source checkout with hls_bm25/")
     h = hashlib.sha256(" ".join(CXXFLAGS).encode())
-    for s in SOURCES:
+    for s in sources:
         h.update(s.encode() + b"\0" + (HLS_DIR / s).read_bytes())
     key = h.hexdigest()[:16]
     for d in _cache_dirs():
-        so = d / key / "libbm25_topk.so"
+        so = d / key / f"lib{kernel}.so"
         if so.is_file():
             return so
     cxx = os.environ.get("CXX", "g++")
@@ -71,26 +75,34 @@ def library_path() -> Path:
         except OSError as e:
             errors.append(f"{out_dir}: {e}")
             continue
-        cmd = [cxx, *CXXFLAGS, f"-I{HLS_DIR / 'shim'}", f"-I{HLS_DIR}", "-o", tmp, str(HLS_DIR / "bm25_topk.cpp")]
+        cmd = [cxx, *CXXFLAGS, f"-I{HLS_DIR / 'shim'}", f"-I{HLS_DIR}", "-o", tmp, str(HLS_DIR / sources[0])]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             os.unlink(tmp)
             raise FpgaUnavailableError(f"compiling the HLS kernel failed ({' '.join(cmd)}):\n{proc.stderr.strip()}")
-        so = out_dir / "libbm25_topk.so"
+        so = out_dir / f"lib{kernel}.so"
         os.replace(tmp, so)
         return so
     raise FpgaUnavailableError("no writable build directory for the fpga-sim library: " + "; ".join(errors))
 
 
-def load_library() -> ctypes.CDLL:
-    global _LIB
+_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+def load_kernel(kernel: str, argtypes: list) -> ctypes.CDLL:
+    """The C-simulation library of ``kernel`` (built on first use), its entry point typed with ``argtypes``."""
     with _CALL_LOCK:
-        if _LIB is None:
-            lib = ctypes.CDLL(str(library_path()))
-            lib.bm25_topk.argtypes = _ARGTYPES
-            lib.bm25_topk.restype = None
-            _LIB = lib
-        return _LIB
+        if kernel not in _LIBS:
+            lib = ctypes.CDLL(str(library_path(kernel)))
+            fn = getattr(lib, kernel)
+            fn.argtypes = argtypes
+            fn.restype = None
+            _LIBS[kernel] = lib
+        return _LIBS[kernel]
+
+
+def load_library() -> ctypes.CDLL:
+    return load_kernel("bm25_topk", _ARGTYPES)
 
 
 class FpgaSimBackend(FpgaHostBackend):
