@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 # Order is the order of `ragserve --help`.
-COMMAND_MODULES = ["index", "search", "info", "eval_run", "serve", "eval", "corpus"]
+COMMAND_MODULES = ["index", "search", "info", "eval_run", "serve", "eval", "corpus", "attention"]
 
 
 class CliError(Exception):

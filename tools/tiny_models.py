@@ -32,15 +32,16 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000, pair_template:
 
 
 def build_tiny_lm(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 2000, hidden: int = 64,
-                  layers: int = 2, heads: int = 4, init_range: float = 0.5, seed: int = 0) -> Path:
+                  layers: int = 2, heads: int = 4, init_range: float = 0.5, seed: int = 0,
+                  kv_heads: int | None = None) -> Path:
     """Save a random Llama causal LM with its tokenizer in ``out_dir``. A wide initialisation with untied
     embeddings makes greedy output varied (a mix of confident and uncertain tokens) instead of one token
-    repeated."""
+    repeated. ``kv_heads`` < ``heads`` makes it grouped-query attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = train_tokenizer(texts, vocab_size)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
                       max_position_embeddings=4096, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id, tie_word_embeddings=False, initializer_range=init_range)
     return _save_random(LlamaForCausalLM, cfg, tok, out_dir, seed)

@@ -37,8 +37,7 @@ class Method(ABC):
             self.config = replace(config or SparseConfig(), **options)
         except TypeError as e:
             raise AttentionError(str(e)) from None
-        if self.sparse:
-            self.config.validate(self.unit)
+        self.config.validate()
         self._ops = ops
 
     def ops(self, x):
@@ -85,8 +84,22 @@ class Method(ABC):
     def num_units(self, n: int) -> int:
         return -(-n // self.unit)
 
+    @property
+    def min_budget(self) -> int:
+        """The smallest budget that works at every context (see ``SparseConfig.min_budget``)."""
+        return self.config.min_budget(self.unit) if self.sparse else 1
+
+    def check_budget(self) -> None:
+        """Raise unless the budget works at every context (a decoder's context grows past it)."""
+        if self.config.budget < self.min_budget:
+            raise AttentionError(f"{self.name}: budget {self.config.budget} is below {self.min_budget} tokens, "
+                                 f"the sink ({self.config.sink}) and local ({self.config.local}) tokens in "
+                                 f"units of {self.unit} plus one unit")
+
     def plan(self, n: int) -> tuple[int, int, int]:
         """(sink units, local units, units to pick by score) for a cache of ``n`` tokens."""
+        if self.config.budget < n:
+            self.check_budget()
         u = self.num_units(n)
         sink = min(math.ceil(self.config.sink / self.unit), u)
         local = min(math.ceil(self.config.local / self.unit), u - sink)

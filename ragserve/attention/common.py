@@ -27,7 +27,7 @@ class SparseConfig:
     local: int = 64
     threshold: float = 1e-3
 
-    def validate(self, unit: int) -> None:
+    def validate(self) -> None:
         for name in ("budget", "page_size", "block_size"):
             if getattr(self, name) < 1:
                 raise AttentionError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -35,10 +35,11 @@ class SparseConfig:
             raise AttentionError("sink and local must be >= 0")
         if not 0.0 <= self.threshold <= 1.0:
             raise AttentionError(f"threshold must be in [0, 1], got {self.threshold}")
-        kept = (math.ceil(self.sink / unit) + math.ceil(self.local / unit)) * unit
-        if self.budget < max(kept, unit):
-            raise AttentionError(f"budget {self.budget} does not hold the sink and local window "
-                                 f"({kept} tokens in units of {unit}) plus one unit")
+
+    def min_budget(self, unit: int) -> int:
+        """The smallest budget that selects anything once the context outgrows it: the sink and local units
+        and one more."""
+        return (math.ceil(self.sink / unit) + math.ceil(self.local / unit) + 1) * unit
 
 
 @dataclass
