@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="answer token budget (default: DRAGIN's per dataset: 100, 2wiki 64, iirc 128)")
     g.add_argument("--answer-max-tokens", type=int, default=24, help="tokens when asking for a missing answer")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--attention", metavar="M", help="sparse attention for decode steps: dense, dsa, quest, lserve, "
+                                                    "seer-topk, seer-threshold (default: the model's own)")
+    g.add_argument("--attention-budget", type=int, metavar="K", help="tokens each decode step attends (default 2048)")
     r = p.add_argument_group("retrieval")
     r.add_argument("-k", "--k", dest="k", type=int, default=3, help="passages per retrieval (default 3)")
     r.add_argument("--query-max-tokens", type=int, default=64, help="query length budget in model tokens")
@@ -132,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"method {args.method!r} needs --index")
     if args.limit is not None and args.limit < 0:
         raise CliError("--limit must be >= 0")
+    if args.attention_budget is not None and args.attention is None:
+        raise CliError("--attention-budget needs --attention")
     for model in (args.model, args.reranker):
         if model and (problem := model_path_problem(model)):  # before seconds of imports and loading
             raise CliError(problem)
@@ -151,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         prompts = PromptBuilder(load_exemplars(args.prompt_file or DEFAULT_EXEMPLARS[fmt]),
                                 yes_no=fmt == "strategyqa", fewshot=args.fewshot, passage_words=args.passage_words)
         retriever = _retriever(args) if args.method != "none" else None
-        generator = Generator(args.model, device=args.device, temperature=args.temperature, threads=args.threads)
+        generator = Generator(args.model, device=args.device, temperature=args.temperature, threads=args.threads,
+                              attention=args.attention, budget=args.attention_budget)
         method = build_method(
             args.method, generator, prompts, retriever, k=args.k,
             max_new_tokens=args.max_new_tokens or published["max_new_tokens"], query_max_tokens=args.query_max_tokens,

@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--rerank-depth", type=int, default=100, help="BM25 hits the reranker rescores (default 100)")
     gen.add_argument("--max-new-tokens", type=int, default=256,
                      help="largest token option (max_new_tokens, look_ahead, ...) a client may ask for (default 256)")
+    gen.add_argument("--attention", metavar="M", help="sparse attention for decode steps: dense, dsa, quest, lserve, "
+                                                      "seer-topk, seer-threshold (default: the model's own)")
+    gen.add_argument("--attention-budget", type=int, metavar="K", help="tokens each decode step attends (default 2048)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-query-chars", type=int, default=2000, help="longest query or question (default 2000)")
     lim.add_argument("--max-batch", type=int, default=64, help="most queries in one search batch (default 64)")
@@ -51,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="seconds a request may wait for the backend or the generator, then 504 (default 60)")
     lim.add_argument("--max-pending-answers", type=int, default=8,
                      help="answers queued or running on the generator before 503 (default 8)")
+    lim.add_argument("--attention-max-budget", type=int, default=131072, metavar="K",
+                     help="largest attention budget a /v1/answer request may set (default 131072)")
     lim.add_argument("--shutdown-grace", type=float, default=30.0,
                      help="seconds to finish in-flight requests after SIGTERM (default 30)")
     ray = p.add_argument_group("Ray (needs ragserve[ray]; the index on a file system every node sees)")
@@ -84,7 +89,8 @@ def _config(args: argparse.Namespace):
     try:
         return ServerConfig(max_query_chars=args.max_query_chars, max_batch=args.max_batch, max_k=args.max_k,
                             max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout,
-                            max_pending_answers=args.max_pending_answers, api_key=api_key)
+                            max_pending_answers=args.max_pending_answers, api_key=api_key,
+                            max_attention_budget=args.attention_max_budget)
     except ValueError as e:
         raise CliError(str(e)) from e
 
@@ -100,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from ragserve.server.warmup import Warmup
 
     cfg = _config(args)
+    _check_attention(args)
     for model in (args.model, args.reranker):
         if model and (problem := model_path_problem(model)):  # refuse to start rather than fail in the background
             raise CliError(problem)
@@ -172,6 +179,22 @@ def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
     try:
         return AnswerService(args.model, searcher, cfg, metrics, device=args.device, exemplars=args.exemplars,
                              reranker=args.reranker, rerank_depth=args.rerank_depth,
-                             max_new_tokens=args.max_new_tokens)
+                             max_new_tokens=args.max_new_tokens, attention=args.attention,
+                             attention_budget=args.attention_budget)
     except (OSError, ValueError) as e:
+        raise CliError(str(e)) from e
+
+
+def _check_attention(args: argparse.Namespace) -> None:
+    """Bad --attention settings fail at start, not when the model has loaded in the background."""
+    from ragserve.attention import AttentionError, get_method
+
+    if args.attention is None:
+        if args.attention_budget is not None:
+            raise CliError("--attention-budget needs --attention")
+        return
+    opts = {} if args.attention_budget is None else {"budget": args.attention_budget}
+    try:
+        get_method(args.attention, **opts).check_budget()
+    except AttentionError as e:
         raise CliError(str(e)) from e

@@ -7,7 +7,10 @@ attention, so the model is switched to eager only for those forward passes and b
 """
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -21,6 +24,9 @@ class GeneratorError(ValueError):
 
 
 STOP_MODES = ("line", "sentence")
+# The sparse attention a caller chose for the generations run inside ``Generator.attention_scope`` (a server
+# request's), over the generator's own default.
+_SCOPED_ATTENTION: ContextVar = ContextVar("ragserve_scoped_attention", default=None)
 
 
 @dataclass
@@ -152,6 +158,7 @@ class Generator:
             options["budget"] = budget
         try:
             method = get_method(name, **options)
+            method.check_budget()
         except AttentionError as e:
             raise GeneratorError(str(e)) from e
         hf.install(self.model)
@@ -187,11 +194,21 @@ class Generator:
         return head + ids[len(ids) - keep + len(head):]
 
     # -- generation -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def attention_scope(self, method) -> Iterator[None]:
+        """Generations in this context (this thread) decode with ``method`` (from ``sparse_method``; None: the
+        generator's default), whichever caller runs them."""
+        token = _SCOPED_ATTENTION.set(method)
+        try:
+            yield
+        finally:
+            _SCOPED_ATTENTION.reset(token)
+
     @torch.inference_mode()
     def generate(self, prompt: str, max_new_tokens: int, stop: str = "line", attention=None) -> Generation:
         """Decode after ``prompt`` until EOS, ``max_new_tokens`` or the stop point of ``stop`` mode, with the
         generator's sparse attention or the method ``attention`` (from ``sparse_method``) instead."""
-        method = attention if attention is not None else self.attention_method
+        method = attention or _SCOPED_ATTENTION.get() or self.attention_method
         if method is None:
             return self._generate(prompt, max_new_tokens, stop)
         from ragserve.attention import hf

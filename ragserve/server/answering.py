@@ -88,9 +88,11 @@ class AnswerService:
     def __init__(self, model: str, searcher: Searcher, config: ServerConfig, metrics: ServerMetrics, *,
                  device: str = "auto", exemplars: str = "multihop.txt", reranker: str | None = None,
                  rerank_depth: int = 100, max_new_tokens: int = 256,
-                 load_generator: Callable[..., Generator] = Generator) -> None:
+                 load_generator: Callable[..., Generator] = Generator, attention: str | None = None,
+                 attention_budget: int | None = None) -> None:
         """``load_generator(model, device=...)`` makes the generator (another one: e.g. a client of a generator
-        that runs elsewhere, as on Ray Serve)."""
+        that runs elsewhere, as on Ray Serve). ``attention``/``attention_budget``: the decode steps' sparse
+        attention by default (a request may choose its own)."""
         try:
             self.prompts = PromptBuilder(load_exemplars(exemplars))
         except PromptError as e:
@@ -109,13 +111,16 @@ class AnswerService:
         self.reranking = None  # the two-stage method's retriever; every other method uses the searcher
         self._reranker = (reranker, rerank_depth)
         self._load_generator = load_generator
+        self.attention = (attention, attention_budget)  # the decode default; a request may choose its own
         self._loading: Future = self.queue.submit(self._load, bounded=False)  # on the generator's own thread
 
     # -- loading --------------------------------------------------------------------------------
     def _load(self) -> None:
         t0 = time.perf_counter()
         try:
-            generator = self._load_generator(self.model_name, device=self.device)
+            name, budget = self.attention
+            extra = {} if name is None else {"attention": name, "budget": budget}
+            generator = self._load_generator(self.model_name, device=self.device, **extra)
             path, depth = self._reranker
             if path:
                 from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
@@ -146,8 +151,9 @@ class AnswerService:
         return self.queue.pending
 
     # -- one answer -------------------------------------------------------------------------------
-    def _method(self, req: AnswerRequest) -> RagMethod:
-        """Check the options and build the method on the request's thread, so bad input fails before queueing."""
+    def _method(self, req: AnswerRequest) -> tuple[RagMethod, object]:
+        """Check the options and build the method (and the request's sparse attention, or None) on the request's
+        thread, so bad input fails before queueing."""
         if req.method not in self.methods:
             raise invalid("method", f"method {req.method!r} needs a cross-encoder reranker; this server was "
                                     "started without --reranker")
@@ -168,19 +174,28 @@ class AnswerService:
                            headers={"Retry-After": "5"})
         try:
             retriever = self.reranking if req.method == "two-stage" else self.searcher
-            return build_method(req.method, self.generator, self.prompts, retriever, **opts)
+            method = build_method(req.method, self.generator, self.prompts, retriever, **opts)
         except MethodError as e:
             raise invalid("options", str(e)) from None
+        if req.attention is None:
+            return method, None
+        budget = req.attention.get("budget", self.attention[1])
+        try:
+            return method, self.generator.sparse_method(req.attention["method"], budget)
+        except GeneratorError as e:
+            raise invalid("attention", str(e)) from None
 
-    def _run(self, method: RagMethod, req: AnswerRequest, on_step: Callable[[int, Step], None],
+    def _run(self, built: tuple[RagMethod, object], req: AnswerRequest, on_step: Callable[[int, Step], None],
              cancel: threading.Event, queued_at: float) -> dict:
         """The job on the generator thread."""
+        method, attention = built
         started = time.perf_counter()
         watch = StepWatch(method, on_step, cancel)
         if cancel.is_set():
             raise Abandoned()
         try:
-            answer, trace = method.answer(req.question)
+            with self.generator.attention_scope(attention):
+                answer, trace = method.answer(req.question)
         except (MethodError, GeneratorError) as e:  # e.g. max_new_tokens beyond the model's context
             raise invalid("options", str(e)) from None
         watch.flush(len(trace.steps))
@@ -193,6 +208,7 @@ class AnswerService:
             "trace": [s.to_dict() for s in trace.steps], "retrievals": trace.retrievals, "tokens": trace.tokens,
             "timing": {"queue": started - queued_at, **times, "total": done - queued_at},
             "model": self.model_name,
+            **({"attention": {"method": attention.name, "budget": attention.config.budget}} if attention else {}),
         }
 
     def _record(self, method: str, trace: Trace, seconds: float) -> None:

@@ -140,9 +140,27 @@ class AnswerRequest:
     stream: bool = False
     options: dict = field(default_factory=dict)
     timeout_s: float | None = None  # the client's own deadline, at most the server's request timeout
+    attention: dict | None = None  # sparse attention for the decode steps: {"method": M, "budget": K}
 
 
-ANSWER_FIELDS = {"question", "method", "stream", "options", "timeout_s"}
+ANSWER_FIELDS = {"question", "method", "stream", "options", "timeout_s", "attention"}
+ATTENTION_FIELDS = {"method", "budget"}
+
+
+def attention_field(value: Any, cfg: ServerConfig) -> dict:
+    """``{"method": M[, "budget": K]}``: a known sparse attention method and a budget within the server's limit."""
+    from ragserve.attention import METHOD_NAMES
+
+    if not isinstance(value, dict):
+        raise invalid("attention", f"attention must be an object, got {_json_type(value)}")
+    check_fields(value, ATTENTION_FIELDS, where="attention.")
+    method = value.get("method")
+    if not isinstance(method, str) or method not in METHOD_NAMES:
+        raise invalid("attention.method", f"attention.method must be one of: {', '.join(METHOD_NAMES)}")
+    out = {"method": method}
+    if "budget" in value:
+        out["budget"] = int_field(value["budget"], "attention.budget", 1, cfg.max_attention_budget)
+    return out
 DEFAULT_METHOD = "single"
 
 
@@ -164,4 +182,6 @@ def answer_request(body: dict, cfg: ServerConfig, methods: list[str], default_me
     timeout = body.get("timeout_s")
     if timeout is not None:
         timeout = float_field(timeout, "timeout_s", 0.0, cfg.request_timeout_s, lo_open=True)
-    return AnswerRequest(question=question, method=method, stream=stream, options=options, timeout_s=timeout)
+    attention = attention_field(body["attention"], cfg) if "attention" in body else None
+    return AnswerRequest(question=question, method=method, stream=stream, options=options, timeout_s=timeout,
+                         attention=attention)
