@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -86,3 +87,23 @@ def test_bad_attention_settings_are_generator_errors():
         Generator(str(gqa_lm()), device="cpu", attention="sparse")
     with pytest.raises(GeneratorError, match="below"):
         Generator(str(gqa_lm()), device="cpu", attention="seer-topk", budget=64)
+
+
+def test_eval_decodes_with_the_chosen_attention(tmp_path, capsys):
+    from ragserve.cli import main
+    from tests.test_rag_cli import eval_args
+
+    rows = {}
+    for name, extra in (("dense", []), ("quest", ["--attention", "quest", "--attention-budget", "8192"]),
+                        ("small", ["--attention", "quest", "--attention-budget", "96"])):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(eval_args(out, "single", 2, *extra)) == 0
+        rows[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    # room for every token: the same answers as dense decoding; a budget of 96 tokens changes some
+    assert [r["output"] for r in rows["quest"]] == [r["output"] for r in rows["dense"]]
+    assert [r["output"] for r in rows["small"]] != [r["output"] for r in rows["dense"]]
+    capsys.readouterr()
+    assert main(eval_args(tmp_path / "e.jsonl", "single", 1, "--attention-budget", "64")) == 2
+    assert "--attention-budget needs --attention" in capsys.readouterr().err
+    assert main(eval_args(tmp_path / "e.jsonl", "single", 1, "--attention", "quest", "--attention-budget", "8")) == 2
+    assert "below 96 tokens" in capsys.readouterr().err
