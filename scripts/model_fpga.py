@@ -1,6 +1,8 @@
-"""MODELLED bm25_topk kernel time per query beside MEASURED CPU-backend time.
+"""MODELLED bm25_topk kernel time per query beside MEASURED CPU-backend time (and, with --attention, the
+MODELLED attn_topk memory-processing time of a sparse attention decode step).
 
     python scripts/model_fpga.py --work DIR [--synth-docs 1000000] [--k 10 1000] [--batch 32] [--out FILE.md]
+    python scripts/model_fpga.py --attention [--contexts 32768 131072 1048576] [--batch 1 8] [--out FILE.md]
 
 Corpora: BEIR ArguAna, the HotpotQA dev (IRCoT) paragraphs, a synthetic Wikipedia-like corpus (indexer/synth.py)
 of --synth-docs passages, and 21,015,324 passages (the DPR Wikipedia split's size) whose posting statistics are
@@ -210,15 +212,52 @@ def fmt_row(name: str, ix_docs: int, layout: str, nq: int, cpu: dict, mod: dict,
             f"{speed} | {mod['hbm_mb_per_query']:.2f} / {100 * mod['bank_util']:.0f}% |")
 
 
+ATTN_METHODS = ("dsa", "quest", "lserve", "seer-topk")
+
+
+def attention_table(contexts: list[int], batches: list[int]) -> str:
+    """MODELLED attn_topk time per decode step and layer, keys BRAM/URAM-resident when they fit, else from HBM."""
+    d, sh = M.AttnDesign(), M.StepShape()
+    lines = [f"attn_topk on a U55C, MODELLED (tools/fpga_model.py AttnDesign: {d.clock_hz / 1e6:.0f} MHz, "
+             f"{d.dsp_share:.0%} of {d.dsp} DSPs in the engines, keys on chip up to {d.onchip_bytes / 1e6:.0f} MB at "
+             f"{d.onchip_bytes_per_s / 1e12:.1f} TB/s, else HBM at {d.hbm_bytes_per_s / 1e9:.0f} GB/s, "
+             f"{d.filter_lanes} top-k filter lanes, {d.launch_s * 1e6:.0f} us launch). Step: {sh.q_heads} q heads, "
+             f"{sh.kv_heads} KV heads, dim {sh.head_dim}, bf16 keys; DSA {sh.index_heads}x{sh.index_dim} fp8 index, "
+             f"top-{sh.dsa_k}; pages {sh.page}, seer blocks {sh.block}, budget {sh.budget} tokens.", "",
+             "| method | context | batch | keys scanned MB | where | read us | compute us | select us | "
+             "MODELLED step us | bound |", "|" + "---|" * 10]
+    for n in contexts:
+        for b in batches:
+            for m in ATTN_METHODS:
+                r = M.attn_step_model(m, n, b, sh, d)
+                lines.append(f"| {m} | {n:,} | {b} | {r['bytes'] / 1e6:.1f} | "
+                             f"{'BRAM/URAM' if r['resident'] else 'HBM' if r['fits'] else 'over the 16 GB HBM'} | {r['read_s'] * 1e6:.1f} | "
+                             f"{r['compute_s'] * 1e6:.1f} | {r['select_s'] * 1e6:.1f} | {r['seconds'] * 1e6:.1f} | "
+                             f"{r['bound']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", required=True, type=Path, help="directory for corpora and indexes (reused)")
+    ap.add_argument("--work", type=Path, help="directory for corpora and indexes (reused; BM25 model)")
+    ap.add_argument("--attention", action="store_true", help="model the attn_topk kernel instead")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072, 1 << 20], help="--attention contexts")
     ap.add_argument("--synth-docs", type=int, default=1_000_000)
     ap.add_argument("--k", type=int, nargs="+", default=[10, 1000], help="k values for CPU timing (model: first)")
-    ap.add_argument("--batch", type=int, default=32, help="queries per kernel launch")
+    ap.add_argument("--batch", type=int, nargs="+", default=None,
+                    help="queries per kernel launch (default 32); with --attention, sequences (default 1 8)")
     ap.add_argument("--cus", type=int, default=8, help="about how many shards (CUs) the spread layouts aim at")
     ap.add_argument("--out", type=Path, help="write the markdown table here too")
     args = ap.parse_args(argv)
+    if args.attention:
+        text = attention_table(args.contexts, args.batch or [1, 8])
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return 0
+    if args.work is None:
+        ap.error("--work is required (or --attention)")
+    args.batch = (args.batch or [32])[0]
     p = M.KernelParams()
     k_model = args.k[0]
     lines = ["| corpus | docs | layout: block, shards = CUs | queries | postings/query | CPU measured ms/query "

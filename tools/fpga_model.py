@@ -10,6 +10,7 @@ Two halves:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,3 +146,111 @@ def hbm_bytes(counts: np.ndarray, k: int, p: KernelParams = KernelParams()) -> n
     words = (c["posting_words"] + c["norm_words"]) * p.word_bytes
     narrow = 4 * (c["table_reads"] + c["entry_reads"] + 2 * c["terms"] + 2)
     return words + narrow + 8 * c["results"] + 4 * NUM_STATS
+
+
+# ---- attn_topk (hls_bm25/attn_topk.cpp): sparse attention's inner product + reduction + top-k --------------------
+# Counters of the kernel as written (the C simulation reports them; tests compare), cycles of that design, and a
+# scaled design's time per decode step: keys resident in BRAM/URAM or streamed from HBM (the seeds' Figure 7).
+# Every time here is MODELLED.
+
+ATTN_STATS = ("key_words", "dots", "units", "candidates", "inserts", "results")
+ATTN_PREDICTED = tuple(n for n in ATTN_STATS if n != "inserts")
+ATTN_WORD_LANES = 16
+
+
+def attn_counts(mode: str, rows: int, heads: int, dim: int, num_keys: int, unit: int, mid_start: int,
+                mid_end: int, k: int) -> np.ndarray:
+    """The kernel's counters for one launch, ``[rows, len(ATTN_STATS)]``; ``inserts`` (order dependent) is 0."""
+    words = -(-dim // ATTN_WORD_LANES) * num_keys * (2 if mode == "bounds_max" else 1)
+    cands = mid_end - mid_start if k > 0 else 0
+    row = [words, num_keys * heads, -(-num_keys // unit), cands, 0, min(k, cands)]
+    return np.tile(np.asarray(row, dtype=np.int64), (rows, 1))
+
+
+def expected_inserts(candidates: float, k: float) -> float:
+    """Insertions into a running top-k of candidates in random order: sum_i min(1, k / i) = k (1 + H_n - H_k)
+    (scores in token order are not random: a recency trend raises it, a decaying one lowers it)."""
+    if candidates <= k:
+        return float(candidates)
+    return k * (1.0 + math.log(candidates / k))
+
+
+def attn_kernel_cycles(counts: np.ndarray, heads: int, dim: int, p: KernelParams = KernelParams()) -> float:
+    """Cycles of one launch of the kernel as written: one engine of ``dim`` lanes (one head per cycle), the
+    key words of each key gathered before its heads run, one candidate per cycle into the top-k."""
+    c = {name: counts[..., i].astype(np.float64) for i, name in enumerate(ATTN_STATS)}
+    words_per_key = -(-dim // ATTN_WORD_LANES)
+    keys = c["dots"] / heads
+    reader = c["key_words"] / p.words_per_cycle
+    scorer = keys * (words_per_key + heads) + 2 * math.ceil(math.log2(max(dim, 2))) + 8
+    select = keys + c["results"] + p.depth_topk
+    writer = c["units"] + c["results"] + len(ATTN_STATS)
+    return float(np.maximum.reduce([reader, scorer, select, writer]).sum() + p.mem_latency)
+
+
+@dataclass(frozen=True)
+class AttnDesign:
+    """A scaled attn_topk on a U55C, for one decode step (assumptions, not synthesis results)."""
+
+    clock_hz: float = 300e6
+    dsp: int = 9024  # the U55C's DSP48E2 slices
+    dsp_share: float = 0.8  # of them given to the inner-product engines
+    macs_per_dsp: tuple = ((1, 2.0), (2, 0.5), (4, 0.25))  # per cycle, by key bytes: int8/fp8 packed, bf16, f32
+    hbm_bytes_per_s: float = 460e9  # all 32 pseudo-channels
+    hbm_bytes: float = 16e9  # the card's HBM2 capacity
+    onchip_bytes: float = 40e6  # BRAM + URAM that can hold keys
+    onchip_bytes_per_s: float = 21.8e12
+    filter_lanes: int = 16  # candidates compared with the running k-th score per cycle, before the insert network
+    launch_s: float = 10e-6  # start, query upload and the indices' read-back over PCIe
+
+    def macs_per_s(self, key_bytes: int) -> float:
+        return self.dsp * self.dsp_share * dict(self.macs_per_dsp)[key_bytes] * self.clock_hz
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One decode step's shapes (the H200 benchmark's: 32 query heads, 8 KV heads, head dim 128, bf16 keys;
+    DSA as DeepSeek-V3.2: 64 index heads x 128, fp8 index keys, 2048 tokens)."""
+
+    q_heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    key_bytes: int = 2
+    index_heads: int = 64
+    index_dim: int = 128
+    index_bytes: int = 1
+    dsa_k: int = 2048
+    page: int = 16
+    block: int = 64
+    budget: int = 2048
+
+
+def attn_step_model(method: str, context: int, batch: int = 1, s: StepShape = StepShape(),
+                    d: AttnDesign = AttnDesign()) -> dict:
+    """MODELLED memory-processing time (relevancy + retrieval on the FPGA) of one decode step of one layer."""
+    n = context
+    if method == "dsa":
+        rows, units, dim, kb = 1, n, s.index_dim, s.index_bytes
+        scanned, macs, k = n * s.index_dim * kb, n * s.index_heads * s.index_dim, s.dsa_k
+    elif method in ("quest", "lserve", "seer-topk"):
+        unit = s.block if method == "seer-topk" else s.page
+        rows, dim, kb = s.kv_heads, s.head_dim, s.key_bytes
+        units = -(-n // unit)
+        keys = units * (2 if method == "quest" else 1) if method != "lserve" else n
+        scanned = rows * keys * dim * kb
+        macs = rows * (keys if method != "quest" else units * 2) * (s.q_heads // s.kv_heads) * dim
+        k = max(1, s.budget // unit)
+    else:
+        raise ValueError(f"no FPGA model for {method!r}")
+    scanned, macs, units = scanned * batch, macs * batch, units * rows * batch
+    resident = scanned <= d.onchip_bytes
+    bw = d.onchip_bytes_per_s if resident else d.hbm_bytes_per_s
+    t_read = scanned / bw
+    t_compute = macs / d.macs_per_s(kb)
+    per_row = units / (rows * batch)
+    t_select = (units / d.filter_lanes + rows * batch * expected_inserts(per_row, k)) / d.clock_hz
+    t = max(t_read, t_compute, t_select) + d.launch_s
+    return {"method": method, "context": n, "batch": batch, "bytes": scanned, "resident": resident,
+            "fits": scanned <= d.hbm_bytes,
+            "read_s": t_read, "compute_s": t_compute, "select_s": t_select, "seconds": t,
+            "bound": max(("read", t_read), ("compute", t_compute), ("select", t_select), key=lambda x: x[1])[0]}
