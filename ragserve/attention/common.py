@@ -64,7 +64,7 @@ class Relevancy:
 class Selection:
     """Tokens attended per (sequence, selection group): ``tokens`` [B, Gs, S] ascending, ``valid`` [B, Gs, S]
     (False on padding: past the end of the cache, or a block under the threshold); ``top`` [B, Gs, k] the units
-    chosen by score, best first (sink and local units excluded)."""
+    chosen by score, best first (sink and local units excluded). The Triton path leaves both unordered."""
 
     tokens: Any
     valid: Any

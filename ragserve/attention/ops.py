@@ -345,11 +345,83 @@ class TorchOps:
         return out[:, :, 0, :]
 
 
+class TritonOps(TorchOps):
+    """torch tensors with the fused Triton kernels (``kernels.gpu.attention_triton``) and the radix select
+    (``kernels.gpu.select_triton``) where the shapes qualify, torch elsewhere. The selected units (``top``) and
+    tokens come unordered: attention does not need them ranked, and a sort costs a launch."""
+
+    name = "triton"
+
+    def __init__(self, settings=None, sort_top: bool = False) -> None:
+        from ragserve.kernels.gpu import attention_triton
+
+        self.k = attention_triton
+        self.settings = settings or attention_triton.DEFAULT
+        self.sort_top = sort_top
+
+    def _fits(self, q, key_valid=None) -> bool:
+        return key_valid is None and self.k.supported(q.shape[-1], q.shape[-2])
+
+    def dots_max(self, q, keys, unit: int = 1, key_valid=None):
+        if self._fits(q, key_valid) and unit & (unit - 1) == 0 and unit <= 1024:
+            return self.k.dot_max_scores(q, keys, unit, self.settings)
+        return super().dots_max(q, keys, unit, key_valid)
+
+    def dots_wrelu(self, q, w, keys, key_valid=None):
+        if self._fits(q, key_valid):
+            return self.k.wrelu_scores(q, w, keys, self.settings)
+        return super().dots_wrelu(q, w, keys, key_valid)
+
+    def bounds_max(self, q, lo, hi):
+        if self._fits(q):
+            return self.k.bound_max_scores(q, lo, hi, self.settings)
+        return super().bounds_max(q, lo, hi)
+
+    def top_units(self, mid, k: int, offset: int):
+        b, gs, m = mid.shape
+        idx, _ = gpu_sel.topk_rows_radix(mid.reshape(b * gs, m), k, sort=self.sort_top)
+        return idx.reshape(b, gs, -1) + offset
+
+    @staticmethod
+    def expand_units(top, keep, sink: int, local: int, num_units: int, unit: int, n: int) -> Selection:
+        b, gs, _ = top.shape
+        dev = top.device
+        fixed = torch.cat([torch.arange(sink, device=dev), torch.arange(num_units - local, num_units, device=dev)])
+        units = torch.cat([fixed.expand(b, gs, -1), top], -1)
+        kept = None
+        if keep is not None:
+            kept = torch.cat([torch.ones((b, gs, fixed.numel()), dtype=torch.bool, device=dev), keep], -1)
+        if unit == 1:
+            valid = kept if kept is not None else torch.ones(units.shape, dtype=torch.bool, device=dev)
+            return Selection(units, valid, top)
+        tokens = (units[..., None] * unit + torch.arange(unit, device=dev)).reshape(b, gs, -1)
+        valid = tokens < n
+        if kept is not None:
+            valid &= kept.repeat_interleave(unit, -1)
+        return Selection(tokens.clamp(max=n - 1), valid, top)
+
+    def attend_selected(self, q, keys, values, tokens, valid, scale: float, key_valid=None):
+        if self._fits(q.reshape(q.shape[0], keys.shape[1], -1, q.shape[-1]), key_valid):
+            return self.k.sparse_decode(q, keys, values, tokens, valid, scale, self.settings)
+        return super().attend_selected(q, keys, values, tokens, valid, scale, key_valid)
+
+
 CPU = CpuOps()
 FPGA_SIM = FpgaSimOps()
 TORCH = TorchOps()
+_TRITON: list = []
 
 
 def ops_for(x):
-    """The kernels for arrays like ``x``: numpy -> CPU, torch (any device) -> torch."""
-    return TORCH if isinstance(x, torch.Tensor) else CPU
+    """The kernels for arrays like ``x``: numpy -> CPU; torch on a CUDA device -> Triton where it imports, else
+    torch; torch elsewhere -> torch."""
+    if not isinstance(x, torch.Tensor):
+        return CPU
+    if x.is_cuda:
+        if not _TRITON:
+            try:
+                _TRITON.append(TritonOps())
+            except ImportError:
+                _TRITON.append(TORCH)
+        return _TRITON[0]
+    return TORCH

@@ -283,3 +283,11 @@ def _of_keys(keys: np.ndarray) -> TopK:
     """Docs and scores of ranking keys ``(0x7FFFFFFF - score bits) << 32 | doc`` (``_rank_keys``'s), in their
     order."""
     return TopK(keys & 0xFFFFFFFF, (0x7FFFFFFF - (keys >> 32)).astype(np.int32).view(np.float32))
+
+
+def topk_rows_radix(scores: torch.Tensor, k: int, sort: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk_rows`` by the Triton radix select of ``select_triton`` (the same entries; on a GPU, one pass per
+    11 bits of the scores, no host round trip). ``sort=False`` returns the same set unranked."""
+    from ragserve.kernels.gpu.select_triton import radix_topk
+
+    return radix_topk(scores, k, sort)
