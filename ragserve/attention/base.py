@@ -51,14 +51,23 @@ class Method(ABC):
     # -- the stages ---------------------------------------------------------------------------------
     def prepare(self, keys, index: Index | None = None) -> Index:
         """The index of ``keys`` [B, G, N, D]; given the index of a prefix of them, only the units from the first
-        one the new tokens touch are rebuilt (a decode step's update)."""
+        one the new tokens touch are rebuilt, in place in the index's spare room (a decode step's update: its cost
+        follows the new tokens, not the context; the room doubles when it runs out)."""
         ops = self.ops(keys)
         n = keys.shape[-2]
         u0 = 0 if index is None or index.n > n else index.n // self.unit
         built = self.build(ops, keys, u0)
         if u0 == 0:
             return Index(n, built)
-        return Index(n, {name: ops.cat([index.arrays[name][..., :u0, :], a], -2) for name, a in built.items()})
+        arrays, room = {}, {}
+        for name, a in built.items():
+            store = index.room.get(name, index.arrays[name])
+            end = u0 + a.shape[-2]
+            if store.shape[-2] < end:
+                store = ops.grow(store, u0, 2 * end)
+            store[..., u0:end, :] = a
+            arrays[name], room[name] = store[..., :end, :], store
+        return Index(n, arrays, room)
 
     def build(self, ops, keys, u0: int) -> dict[str, Any]:
         """Index arrays of units ``u0`` onwards."""

@@ -44,10 +44,12 @@ class SparseConfig:
 
 @dataclass
 class Index:
-    """A method's index of the first ``n`` cached tokens: named arrays, units along axis -2 (or none)."""
+    """A method's index of the first ``n`` cached tokens: named arrays, units along axis -2 (or none). ``room``
+    holds the arrays' backing stores, longer than the units in use, that decode steps fill in place."""
 
     n: int
     arrays: dict[str, Any] = field(default_factory=dict)
+    room: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -52,6 +52,13 @@ class CpuOps:
         return np.array(x, copy=True)
 
     @staticmethod
+    def grow(store, used: int, units: int):
+        """A store of ``units`` units along axis -2 holding the first ``used`` of ``store``."""
+        out = np.empty(store.shape[:-2] + (units, store.shape[-1]), store.dtype)
+        out[..., :used, :] = store[..., :used, :]
+        return out
+
+    @staticmethod
     def full_like(x, value: float):
         return np.full(x.shape, value, np.float32)
 
@@ -237,6 +244,12 @@ class TorchOps:
     @staticmethod
     def copy(x):
         return x.clone()
+
+    @staticmethod
+    def grow(store, used: int, units: int):
+        out = torch.empty(store.shape[:-2] + (units, store.shape[-1]), dtype=store.dtype, device=store.device)
+        out[..., :used, :] = store[..., :used, :]
+        return out
 
     @staticmethod
     def full_like(x, value: float):

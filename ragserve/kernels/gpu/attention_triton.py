@@ -45,7 +45,7 @@ def _pad_heads(h: int) -> int:
 @triton.jit
 def _wrelu_kernel(q, w, keys, out, n, sq_r, sw_r, sk_r, so_r, H: tl.constexpr, HP: tl.constexpr,
                   D: tl.constexpr, BLOCK: tl.constexpr):
-    r = tl.program_id(1)
+    r = tl.program_id(1).to(tl.int64)  # row offsets pass 2^31 elements at 1M tokens
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     hs = tl.arange(0, HP)
     ds = tl.arange(0, D)
@@ -60,7 +60,7 @@ def _wrelu_kernel(q, w, keys, out, n, sq_r, sw_r, sk_r, so_r, H: tl.constexpr, H
 @triton.jit
 def _bound_kernel(q, lo, hi, out, n, sq_r, sk_r, so_r, H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr,
                   BLOCK: tl.constexpr):
-    r = tl.program_id(1)
+    r = tl.program_id(1).to(tl.int64)  # row offsets pass 2^31 elements at 1M tokens
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     hs = tl.arange(0, HP)
     ds = tl.arange(0, D)
@@ -78,7 +78,7 @@ def _bound_kernel(q, lo, hi, out, n, sq_r, sk_r, so_r, H: tl.constexpr, HP: tl.c
 @triton.jit
 def _dot_max_kernel(q, keys, out, n, units, sq_r, sk_r, so_r, H: tl.constexpr, HP: tl.constexpr,
                     D: tl.constexpr, BLOCK: tl.constexpr, UNIT: tl.constexpr):
-    r = tl.program_id(1)
+    r = tl.program_id(1).to(tl.int64)  # row offsets pass 2^31 elements at 1M tokens
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     hs = tl.arange(0, HP)
     ds = tl.arange(0, D)

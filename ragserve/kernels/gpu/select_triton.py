@@ -30,7 +30,7 @@ def _ordered(x):
 
 @triton.jit
 def _hist_pass(scores, stride, n, state, hist, shift, fixed_mask, BINS: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(1)
+    row = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     key = _ordered(tl.load(scores + row * stride + offs, mask=inside, other=0.0))
@@ -38,7 +38,7 @@ def _hist_pass(scores, stride, n, state, hist, shift, fixed_mask, BINS: tl.const
     match = inside & ((key & fixed_mask) == prefix)
     digit = ((key >> shift) & (BINS - 1)).to(tl.int32)
     h = tl.histogram(digit, BINS, mask=match)
-    tl.atomic_add(hist + row * BINS + tl.arange(0, BINS), h, sem="relaxed")
+    tl.atomic_add(hist + row * BINS + tl.arange(0, BINS), h, mask=h > 0, sem="relaxed")  # most bins are empty
 
 
 @triton.jit
@@ -60,7 +60,7 @@ def _pick_digit(state, hist, shift, BINS: tl.constexpr):
 
 @triton.jit
 def _count_pass(scores, stride, n, state, counts, nblocks, BLOCK: tl.constexpr):
-    row = tl.program_id(1)
+    row = tl.program_id(1).to(tl.int64)
     blk = tl.program_id(0)
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
@@ -73,7 +73,7 @@ def _count_pass(scores, stride, n, state, counts, nblocks, BLOCK: tl.constexpr):
 @triton.jit
 def _write_pass(scores, stride, n, k, state, counts, nblocks, out_idx, out_val, BLOCK: tl.constexpr,
                 MAXB: tl.constexpr):
-    row = tl.program_id(1)
+    row = tl.program_id(1).to(tl.int64)
     blk = tl.program_id(0)
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n

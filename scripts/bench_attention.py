@@ -1,0 +1,322 @@
+"""One sparse-attention decode step on a CUDA GPU, every method beside dense SDPA (CUDA events; written for an H200).
+
+    python scripts/bench_attention.py [--quick] [--out benchmarks/attention_h200.json]
+
+Shapes: batch 1 and 8, 32 query heads, 8 KV heads, head dim 128, bf16, at 32K, 128K and 1M cached tokens (--quick:
+32K and 128K, batch 1). Methods, each through the fused Triton path (``triton``) and the plain torch path
+(``torch``): dsa (DeepSeek-V3.2's indexer shape: 64 index heads x 128, one bf16 index key per token shared by the
+KV groups, top-2048), quest and lserve (pages of 16), seer-topk (blocks of 64), all with a 2048-token budget per KV
+group (sink 16, local 64). For each: stage times (relevancy, retrieval, apply; the index is prepared once,
+untimed, and the one-token update a decode step makes is timed apart), the step eager and replayed from a CUDA
+graph, the share of the step in relevancy + retrieval, and the step against its bytes-read floor (index keys or page
+bounds scanned plus the selected K and V) at the copy bandwidth measured first. Then the selection alone: our radix
+select of 2048 from 1M scores against ``torch.topk``. Each measurement is caught and reported on its own: the run
+goes on. FlashInfer's top-k is timed beside ours when ``flashinfer`` imports.
+
+``--device cpu`` (with TRITON_INTERPRET=1) runs the same code on tiny shapes to check the script itself; its
+times mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from ragserve.attention import get_method
+from ragserve.attention.common import Index
+from ragserve.attention.ops import TORCH, TritonOps
+from ragserve.kernels.gpu.select_triton import radix_topk
+
+ROOT = Path(__file__).resolve().parents[1]
+Q_HEADS, KV_HEADS, DIM = 32, 8, 128
+INDEX_HEADS, INDEX_DIM = 64, 128
+BUDGET, SINK, LOCAL = 2048, 16, 64
+METHODS = ("dsa", "quest", "lserve", "seer-topk")
+DEV = "cuda"  # --device
+
+
+def cuda_ms(fn, reps: int, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn`` by CUDA events (by the CPU clock with --device cpu)."""
+    for _ in range(warmup if DEV == "cuda" else 1):
+        fn()
+    times = []
+    for _ in range(reps):
+        if DEV != "cuda":
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+            continue
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def graph_ms(fn, reps: int) -> float:
+    """Median milliseconds of ``fn`` replayed from a CUDA graph (no Python, no launch gaps)."""
+    if DEV != "cuda":
+        raise RuntimeError("CUDA graphs need --device cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return cuda_ms(g.replay, reps)
+
+
+def copy_bandwidth(reps: int) -> float:
+    """Bytes moved per second (read + write) by a 2 GiB device-to-device copy."""
+    size = 1 << 31 if DEV == "cuda" else 1 << 26
+    src = torch.empty(size, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    ms = cuda_ms(lambda: dst.copy_(src), reps)
+    del src, dst
+    return 2 * size / (ms * 1e-3)
+
+
+class SharedIndexer:
+    """DSA's indexer with one bf16 index key per token shared by every KV group (DeepSeek's MLA design) and fixed
+    random index queries and weights: the cost of the V3.2 indexer without its trained projections."""
+
+    def __init__(self, batch: int, n: int, gen: torch.Generator) -> None:
+        self.keys = torch.randn((batch, 1, n, INDEX_DIM), generator=gen, device=DEV, dtype=torch.bfloat16)
+        self.q = torch.randn((batch, 1, INDEX_HEADS, INDEX_DIM), generator=gen, device=DEV, dtype=torch.bfloat16)
+        self.w = torch.rand((batch, 1, INDEX_HEADS), generator=gen, device=DEV)
+
+    def index_keys(self, ops, keys):
+        return self.keys[..., -keys.shape[-2]:, :]
+
+    def index_queries(self, ops, q, groups: int):
+        return self.q, self.w
+
+
+def floor_bytes(method: str, batch: int, n: int) -> float:
+    """Bytes a step must read: what relevancy scans, plus the selected tokens' K and V (bf16)."""
+    kv_row = KV_HEADS * DIM * 2
+    selected = batch * min(BUDGET, n) * kv_row * 2
+    if method == "dense":
+        return batch * n * kv_row * 2
+    if method == "dsa":
+        return batch * n * INDEX_DIM * 2 + selected
+    if method == "quest":
+        return batch * 2 * math.ceil(n / 16) * kv_row + selected
+    if method == "lserve":
+        return batch * n * kv_row + selected
+    if method == "seer-topk":
+        return batch * math.ceil(n / 64) * kv_row + selected
+    raise ValueError(method)
+
+
+def bench_method(name: str, path: str, q, keys, values, batch: int, n: int, reps: int, bw: float,
+                 gen: torch.Generator) -> dict:
+    ops = TritonOps() if path == "triton" else TORCH
+    opts = dict(budget=BUDGET, sink=SINK, local=LOCAL, ops=ops)
+    m = get_method(name, **opts)
+    if name == "dsa":
+        m.indexer = SharedIndexer(batch, n, gen)
+    scale = DIM ** -0.5
+    index = m.prepare(keys)
+    rel = m.relevancy(index, q, keys)
+    sel = m.retrieval(rel, n)
+    out = {"method": name, "path": path, "batch": batch, "context": n,
+           "selected_per_group": float(sel.counts().float().mean())}
+    out["relevancy_ms"] = cuda_ms(lambda: m.relevancy(index, q, keys), reps)
+    out["retrieval_ms"] = cuda_ms(lambda: m.retrieval(rel, n), reps)
+    out["apply_ms"] = cuda_ms(lambda: m.apply(q, keys, values, sel, scale), reps)
+
+    def step():
+        r = m.relevancy(index, q, keys)
+        return m.apply(q, keys, values, m.retrieval(r, n), scale)
+
+    out["step_ms"] = cuda_ms(step, reps)
+    try:
+        out["step_graph_ms"] = graph_ms(step, reps)
+    except Exception as e:  # the torch path's exact top-k syncs with the host (nonzero): not capturable
+        out["step_graph_ms"] = None
+        out["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    best = min(t for t in (out["step_ms"], out["step_graph_ms"]) if t is not None)
+    stages = out["relevancy_ms"] + out["retrieval_ms"] + out["apply_ms"]
+    out["memory_share"] = (out["relevancy_ms"] + out["retrieval_ms"]) / stages
+    out["floor_bytes"] = floor_bytes(name, batch, n)
+    out["floor_ms"] = out["floor_bytes"] / bw * 1e3
+    out["x_floor"] = best / out["floor_ms"]
+    # a decode step's index update: one more token (prepare of the last unit, in place)
+    prev = Index(n - 1, {k: v[..., :m.num_units(n - 1), :] for k, v in index.arrays.items()},
+                 {k: v for k, v in index.arrays.items()})
+    if name != "dsa":
+        out["prepare_one_token_ms"] = cuda_ms(lambda: m.prepare(keys, prev), reps)
+    return out
+
+
+def bench_dense(q, keys, values, batch: int, n: int, reps: int, bw: float) -> dict:
+    q4 = q[:, :, None, :]
+
+    def step():
+        return torch.nn.functional.scaled_dot_product_attention(q4, keys, values, scale=DIM ** -0.5,
+                                                                enable_gqa=True)
+
+    out = {"method": "dense", "path": "sdpa", "batch": batch, "context": n, "step_ms": cuda_ms(step, reps)}
+    try:
+        out["step_graph_ms"] = graph_ms(step, reps)
+    except Exception as e:
+        out["step_graph_ms"] = None
+        out["graph_error"] = f"{type(e).__name__}: {e}"
+    out["floor_bytes"] = floor_bytes("dense", batch, n)
+    out["floor_ms"] = out["floor_bytes"] / bw * 1e3
+    out["x_floor"] = min(t for t in (out["step_ms"], out["step_graph_ms"]) if t is not None) / out["floor_ms"]
+    return out
+
+
+def bench_selection(n: int, k: int, rows: int, reps: int, gen: torch.Generator) -> dict:
+    s = torch.randn((rows, n), generator=gen, device=DEV)
+    out = {"rows": rows, "n": n, "k": k}
+    out["radix_ms"] = cuda_ms(lambda: radix_topk(s, k), reps)
+    out["radix_unsorted_ms"] = cuda_ms(lambda: radix_topk(s, k, sort=False), reps)
+    out["torch_topk_ms"] = cuda_ms(lambda: torch.topk(s, k, dim=1), reps)
+    out["torch_topk_unsorted_ms"] = cuda_ms(lambda: torch.topk(s, k, dim=1, sorted=False), reps)
+    for name, fn in (("radix", lambda: radix_topk(s, k)), ("radix_unsorted", lambda: radix_topk(s, k, sort=False)),
+                     ("torch_topk", lambda: torch.topk(s, k, dim=1))):
+        try:
+            out[f"{name}_graph_ms"] = graph_ms(fn, reps)
+        except Exception as e:
+            out[f"{name}_graph_ms"] = None
+            out[f"{name}_graph_error"] = f"{type(e).__name__}: {e}"
+    i, v = radix_topk(s, k)
+    tv, _ = torch.topk(s, k, dim=1)
+    out["same_values_as_torch_topk"] = bool(torch.equal(v, tv))
+    try:
+        import flashinfer  # noqa: F401
+
+        fi = getattr(flashinfer, "top_k", None) or getattr(getattr(flashinfer, "sampling", None), "top_k", None)
+        if fi is not None:
+            out["flashinfer_top_k_ms"] = cuda_ms(lambda: fi(s, k), reps)
+        else:
+            out["flashinfer"] = f"flashinfer {flashinfer.__version__} has no top_k"
+    except Exception as e:
+        out["flashinfer"] = f"not run: {type(e).__name__}: {str(e)[:200]}"
+    return out
+
+
+def run(args) -> dict:
+    gen = torch.Generator(device=DEV).manual_seed(args.seed)
+    env = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "none (--device cpu)",
+           "torch": torch.__version__, "cuda": torch.version.cuda,
+           "python": platform.python_version()}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    bw = copy_bandwidth(args.reps)
+    report = {"env": env, "copy_bytes_per_s": bw, "settings": vars(args), "steps": [], "selection": [],
+              "errors": []}
+    print(f"# {env['gpu']}  torch {env['torch']}  triton {env['triton']}  copy {bw / 1e12:.2f} TB/s", flush=True)
+    for n in args.contexts:
+        for batch in args.batches:
+            try:
+                keys = torch.randn((batch, KV_HEADS, n, DIM), generator=gen, device=DEV, dtype=torch.bfloat16)
+                values = torch.randn_like(keys)
+                q = torch.randn((batch, Q_HEADS, DIM), generator=gen, device=DEV, dtype=torch.bfloat16)
+            except torch.OutOfMemoryError as e:
+                report["errors"].append({"context": n, "batch": batch, "error": f"allocating the cache: {e}"})
+                continue
+            runs = [("dense", "sdpa")] + [(m, p) for m in args.methods for p in args.paths]
+            for name, path in runs:
+                t0 = time.time()
+                try:
+                    r = (bench_dense(q, keys, values, batch, n, args.reps, bw) if name == "dense"
+                         else bench_method(name, path, q, keys, values, batch, n, args.reps, bw, gen))
+                    report["steps"].append(r)
+                    print(_line(r), flush=True)
+                except Exception as e:
+                    report["errors"].append({"method": name, "path": path, "context": n, "batch": batch,
+                                             "error": f"{type(e).__name__}: {e}",
+                                             "trace": traceback.format_exc()[-2000:]})
+                    print(f"{name}/{path} N={n} B={batch}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                finally:
+                    _free()
+                if time.time() - t0 > args.method_timeout:
+                    print(f"  ({name}/{path} took {time.time() - t0:.0f} s)", flush=True)
+            del keys, values, q
+            _free()
+    for rows in args.select_rows:
+        try:
+            r = bench_selection(args.select_n, BUDGET, rows, args.reps, gen)
+            report["selection"].append(r)
+            print(f"select {BUDGET} of {args.select_n:,} x{rows}: radix {r['radix_ms'] * 1e3:.1f} us "
+                  f"(graph {_us(r.get('radix_graph_ms'))}, unsorted graph {_us(r.get('radix_unsorted_graph_ms'))}) "
+                  f"torch.topk {r['torch_topk_ms'] * 1e3:.1f} us (graph {_us(r.get('torch_topk_graph_ms'))})",
+                  flush=True)
+        except Exception as e:
+            report["errors"].append({"selection_rows": rows, "error": f"{type(e).__name__}: {e}",
+                                     "trace": traceback.format_exc()[-2000:]})
+    return report
+
+
+def _free() -> None:
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _us(ms) -> str:
+    return "n/a" if ms is None else f"{ms * 1e3:.1f} us"
+
+
+def _line(r: dict) -> str:
+    best = min(t for t in (r["step_ms"], r.get("step_graph_ms")) if t is not None)
+    text = (f"{r['method']:>10}/{r['path']:<6} N={r['context']:>8,} B={r['batch']}: step {r['step_ms'] * 1e3:8.1f} us "
+            f"(graph {_us(r.get('step_graph_ms'))}), floor {r['floor_ms'] * 1e3:.1f} us, {best / r['floor_ms']:.2f}x")
+    if "relevancy_ms" in r:
+        text += (f"; relevancy {r['relevancy_ms'] * 1e3:.1f} retrieval {r['retrieval_ms'] * 1e3:.1f} apply "
+                 f"{r['apply_ms'] * 1e3:.1f} us, memory share {100 * r['memory_share']:.0f}%")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="32K and 128K, batch 1, fewer repetitions")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072, 1 << 20])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--paths", nargs="+", default=["triton", "torch"], choices=["triton", "torch"])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--select-n", type=int, default=1 << 20)
+    ap.add_argument("--select-rows", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--method-timeout", type=float, default=60.0, help="report a method slower than this (s)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: a check of the script on tiny shapes (TRITON_INTERPRET=1); its times mean nothing")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "attention_h200.json")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.contexts, args.batches, args.reps, args.select_rows = [32768, 131072], [1], 10, [1]
+    global DEV
+    DEV = args.device
+    if DEV == "cuda" and not torch.cuda.is_available():
+        print("bench_attention: no CUDA device", file=sys.stderr)
+        return 2
+    report = run(args)
+    report["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out} ({len(report['steps'])} steps, {len(report['errors'])} errors)")
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
