@@ -107,3 +107,36 @@ def test_eval_decodes_with_the_chosen_attention(tmp_path, capsys):
     assert "--attention-budget needs --attention" in capsys.readouterr().err
     assert main(eval_args(tmp_path / "e.jsonl", "single", 1, "--attention", "quest", "--attention-budget", "8")) == 2
     assert "below 96 tokens" in capsys.readouterr().err
+
+
+def test_a_qwen2_model_decodes_sparse_as_dense_at_full_budget():
+    """Another Llama-style family: Qwen2 (GQA, biases on q/k/v), random weights, greedy by hand."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from ragserve.attention import get_method
+    from ragserve.attention import hf
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 300, (1, 300))
+
+    def greedy() -> list[int]:
+        out = model(ids, use_cache=True)
+        toks = []
+        for _ in range(12):
+            toks.append(int(out.logits[0, -1].argmax()))
+            out = model(torch.tensor([toks[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+        return toks
+
+    with torch.inference_mode():
+        ref = greedy()
+        hf.install(model)
+        for name in ("dsa", "quest", "seer-topk"):
+            with hf.session(get_method(name, budget=4096)) as s:
+                assert greedy() == ref
+            assert s.steps == 2 * 12 and s.stats()["attended_share"] == 1.0
+        with hf.session(get_method("quest", budget=96, sink=16, local=16)) as s:
+            greedy()
+        assert s.stats()["attended_share"] < 0.4

@@ -28,3 +28,21 @@ def test_triton_attention_kernels_on_cuda():
         pytest.skip("no CUDA device")
     from tests.attention_triton_checks import main
     assert main("cuda") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["dsa", "quest", "lserve", "seer-topk", "seer-threshold"])
+def test_check_command_on_cuda(method):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from ragserve.attention.check import CheckSpec, run_check
+
+    full = run_check(CheckSpec(method=method, context=20000, budget=20000, device="cuda", threshold=0.0))
+    assert full["selected"] == 20000 and full["max_abs_err"] <= 1e-5 and full["mass_recall"] == pytest.approx(1.0)
+    cpu = run_check(CheckSpec(method=method, context=20000, budget=2048, device="cpu"))
+    gpu = run_check(CheckSpec(method=method, context=20000, budget=2048, device="cuda"))
+    assert gpu["selected"] == cpu["selected"] and gpu["mass_recall"] == pytest.approx(cpu["mass_recall"], abs=1e-3)
+    bf16 = run_check(CheckSpec(method=method, context=200000, budget=2048, device="cuda", dtype="bfloat16",
+                               heads=32, kv_heads=8, head_dim=128))
+    assert bf16["selected"] <= 2048 and 0 < bf16["mass_recall"] < 1
