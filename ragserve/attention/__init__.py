@@ -1,34 +1,23 @@
 """Sparse attention on the memory-processing kernels: methods registered by name behind one interface, as
-transformers and vLLM keep attention backends. See ``base.Method`` for the stages and ``hf`` for the decoder hook."""
+transformers and vLLM keep attention backends. See ``base.Method`` for the stages and ``hf`` for the decoder hook.
+
+Importing the package is light (the command line lists ``METHOD_NAMES``); the rest loads torch on first use.
+"""
 from __future__ import annotations
 
-from ragserve.attention.base import Method
-from ragserve.attention.common import AttentionError, Index, Relevancy, Selection, SparseConfig
-from ragserve.attention.methods import Dense, Dsa, LServe, Quest, SeerThreshold, SeerTopK
+from ragserve.attention.names import METHOD_NAMES
 
-_METHODS: dict[str, type[Method]] = {}
-
-
-def register_method(cls: type[Method]) -> None:
-    _METHODS[cls.name] = cls
+_LAZY = {"AttentionError": "common", "Index": "common", "Relevancy": "common", "Selection": "common",
+         "SparseConfig": "common", "Method": "base", "get_method": "registry", "method_names": "registry",
+         "register_method": "registry"}
 
 
-for _cls in (Dense, Dsa, Quest, LServe, SeerTopK, SeerThreshold):
-    register_method(_cls)
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
 
-METHOD_NAMES = tuple(_METHODS)
-
-
-def method_names() -> list[str]:
-    return list(_METHODS)
+        return getattr(importlib.import_module(f"ragserve.attention.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'ragserve.attention' has no attribute {name!r}")
 
 
-def get_method(name: str, config: SparseConfig | None = None, **options) -> Method:
-    """A method by name; ``options`` override the fields of ``config`` (budget, page_size, ...)."""
-    if name not in _METHODS:
-        raise AttentionError(f"unknown attention method {name!r}; choose one of: {', '.join(_METHODS)}")
-    return _METHODS[name](config, **options)
-
-
-__all__ = ["AttentionError", "Index", "Method", "Relevancy", "Selection", "SparseConfig", "METHOD_NAMES",
-           "get_method", "method_names", "register_method"]
+__all__ = ["METHOD_NAMES", *_LAZY]

@@ -8,7 +8,7 @@ from ragserve.cli import CliError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ragserve.attention import METHOD_NAMES
+    from ragserve.attention.names import METHOD_NAMES
 
     p = sub.add_parser("attention", help="sparse attention tools (attention check)",
                        description="Sparse attention methods over a KV cache (see 'ragserve attention check').")

@@ -149,7 +149,7 @@ ATTENTION_FIELDS = {"method", "budget"}
 
 def attention_field(value: Any, cfg: ServerConfig) -> dict:
     """``{"method": M[, "budget": K]}``: a known sparse attention method and a budget within the server's limit."""
-    from ragserve.attention import METHOD_NAMES
+    from ragserve.attention.names import METHOD_NAMES
 
     if not isinstance(value, dict):
         raise invalid("attention", f"attention must be an object, got {_json_type(value)}")
