@@ -60,6 +60,10 @@ def kernel_checks(device: str) -> dict[str, bool]:
 
     out = {"wrelu": close(A.wrelu_scores(q, w, k), TORCH.dots_wrelu(q, w, k)),
            "bound": close(A.bound_max_scores(q, lo, hi), TORCH.bounds_max(q, lo, hi))}
+    # a decode index: views of longer stores (rows further apart than their length)
+    room_lo, room_hi = TORCH.grow(lo, lo.shape[-2], lo.shape[-2] + 37), TORCH.grow(hi, hi.shape[-2], hi.shape[-2] + 37)
+    out["bound on views"] = close(A.bound_max_scores(q, room_lo[..., :lo.shape[-2], :], room_hi[..., :hi.shape[-2], :]),
+                                  TORCH.bounds_max(q, lo, hi))
     for unit in (1, 16, 64):
         out[f"dot_max unit {unit}"] = close(A.dot_max_scores(q, k, unit), TORCH.dots_max(q, k, unit))
     qf = q.reshape(b, g * h, d)

@@ -93,8 +93,12 @@ def _dot_max_kernel(q, keys, out, n, units, sq_r, sk_r, so_r, H: tl.constexpr, H
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
-    """[..., m, D] -> contiguous [R, m, D]."""
-    return x.reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
+    """[..., m, D] -> [R, m, D], tokens D apart and lanes adjacent, rows at least m * D apart: a decode index's view
+    of its longer store stays a view (a copy would cost a pass over the index)."""
+    r = x.reshape(-1, x.shape[-2], x.shape[-1])
+    if r.stride(-1) != 1 or r.stride(-2) != r.shape[-1]:
+        r = r.contiguous()
+    return r
 
 
 def wrelu_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor,
