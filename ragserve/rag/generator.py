@@ -112,13 +112,17 @@ class Generator:
         except (OSError, ValueError) as e:
             raise GeneratorError(f"cannot load a causal LM from {model!r}: {e}") from e
         self._setup(model, temperature, seed)
+        if attention is not None:
+            self.attention_method = self.sparse_method(attention, budget, **attention_options)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, device: str | None = None, temperature: float = 0.0,
-                   seed: int = 0, name: str = "") -> "Generator":
+                   seed: int = 0, name: str = "", attention: str | None = None, budget: int | None = None,
+                   **attention_options) -> "Generator":
         """Wrap a causal LM already built in memory and its tokenizer, e.g. a randomly initialised model made
         with ``from_config`` straight on the GPU, where saving and reloading billions of weights would only cost
-        time. The model keeps its dtype; ``device`` (default: where its weights are) is where it runs."""
+        time. The model keeps its dtype; ``device`` (default: where its weights are) is where it runs.
+        ``attention``, ``budget`` and the options: as for the constructor."""
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "generation_config"):
             raise GeneratorError("model must be a transformers causal LM (a PreTrainedModel that can generate)")
         if not callable(tokenizer) or not hasattr(tokenizer, "decode"):
@@ -131,6 +135,8 @@ class Generator:
         self.dtype = param.dtype
         self.tokenizer, self.model = tokenizer, model
         self._setup(name or type(model).__name__, temperature, seed)
+        if attention is not None:
+            self.attention_method = self.sparse_method(attention, budget, **attention_options)
         return self
 
     def _setup(self, name: str, temperature: float, seed: int) -> None:
@@ -145,9 +151,7 @@ class Generator:
         eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
         self.eos_ids = {int(e) for e in eos if e is not None}
         self.bos_id = self.tokenizer.bos_token_id
-        self.attention_method = None
-        if attention is not None:
-            self.attention_method = self.sparse_method(attention, budget, **attention_options)
+        self.attention_method = None  # the sparse attention of decode steps (None: the model's own)
 
     def sparse_method(self, name: str, budget: int | None = None, **options):
         """A sparse attention method for this model's decode steps (its attention function installed on first use)."""
