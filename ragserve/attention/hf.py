@@ -23,19 +23,24 @@ ATTN_NAME = "ragserve_sparse"
 
 
 class Session:
-    """One generation's sparse attention: the method, each layer's index, and what the decode steps did."""
+    """One generation's sparse attention: the method, each layer's index, and what the decode steps did.
+
+    Stage seconds are host-clock laps: on a GPU, where nothing waits for the device mid-step, they time the
+    launches rather than the kernels (``scripts/bench_attention.py`` times kernels).
+    """
 
     def __init__(self, method: Method) -> None:
         self.method = method
         self.indexes: dict[int, Index] = {}
         self.times = StageTimes()
         self.steps = 0  # layer decode steps run sparse
-        self.attended = 0  # tokens attended, summed over those steps, sequences and KV groups
+        self.attended = 0  # tokens attended, summed over those steps, sequences and KV groups (kept on the device)
         self.cached = 0  # tokens cached, summed likewise
 
     def stats(self) -> dict:
+        attended = int(self.attended)
         return {"method": self.method.name, "budget": self.method.config.budget, "layer_steps": self.steps,
-                "attended_share": self.attended / self.cached if self.cached else 1.0, **self.times.to_dict()}
+                "attended_share": attended / self.cached if self.cached else 1.0, **self.times.to_dict()}
 
 
 _SESSION: ContextVar[Session | None] = ContextVar("ragserve_attention_session", default=None)
@@ -76,11 +81,10 @@ def sparse_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    sync = torch.cuda.synchronize if query.is_cuda else None
     out, sel, s.indexes[layer] = s.method.step(query[:, :, 0, :], key, value, scale, s.indexes.get(layer),
-                                                _key_valid(attention_mask, key.shape[-2]), s.times, sync)
+                                                _key_valid(attention_mask, key.shape[-2]), s.times)
     s.steps += 1
-    s.attended += int(sel.counts().sum()) * (key.shape[1] // sel.tokens.shape[1])
+    s.attended = s.attended + sel.counts().sum() * (key.shape[1] // sel.tokens.shape[1])  # no host round trip
     s.cached += key.shape[0] * key.shape[1] * key.shape[2]
     return out[:, None, :, :], None
 
