@@ -7,6 +7,7 @@ client went away), so an abandoned answer frees the generator early.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import queue
@@ -180,6 +181,8 @@ class AnswerService:
         if req.attention is None:
             return method, None
         budget = req.attention.get("budget", self.attention[1])
+        if not hasattr(self.generator, "sparse_method"):  # e.g. a client of a generator served elsewhere
+            raise invalid("attention", "this server's generator does not take a sparse attention method")
         try:
             return method, self.generator.sparse_method(req.attention["method"], budget)
         except GeneratorError as e:
@@ -194,7 +197,7 @@ class AnswerService:
         if cancel.is_set():
             raise Abandoned()
         try:
-            with self.generator.attention_scope(attention):
+            with self.generator.attention_scope(attention) if attention else contextlib.nullcontext():
                 answer, trace = method.answer(req.question)
         except (MethodError, GeneratorError) as e:  # e.g. max_new_tokens beyond the model's context
             raise invalid("options", str(e)) from None
