@@ -99,7 +99,7 @@ def test_long_prompts_keep_bos_and_the_latest_tokens(gen):
 
 
 def test_bad_arguments(tmp_path, gen):
-    with pytest.raises(GeneratorError, match="cannot load"):
+    with pytest.raises(GeneratorError, match="no model directory"):
         Generator(str(tmp_path / "no-model"), device="cpu")
     with pytest.raises(GeneratorError, match="stop"):
         gen.generate(PROMPT, 5, stop="paragraph")
