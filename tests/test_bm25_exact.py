@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from indexer import bm25
 from indexer.analyzer import Analyzer
 from indexer.norms import byte4_to_int, int_to_byte4
 from ragserve.kernels.contract import SearchError
@@ -140,3 +141,19 @@ def test_bad_search_input_raises(arguana_index):
     with pytest.raises(SearchError):
         Searcher(arguana_index, backend="no-such-backend")
     assert s.search("the of and", k=10) == []  # only stopwords: nothing to match
+
+
+def test_vocabulary_idf_equals_each_query_own(arguana_index):
+    """The searcher's idf table (computed once for every term) has the bits of a query's own idf computation,
+    whatever the number of terms it is computed with."""
+    s = Searcher(arguana_index)
+    df = np.asarray(s.index.df)
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 8, 9, 31, 64):
+        for _ in range(50):
+            ids = rng.choice(df.size, n, replace=False)
+            own = bm25.idf_f32(df[ids], s.index.doc_count)
+            assert np.array_equal(own.view(np.uint32), s._idf[ids].view(np.uint32))
+    q = s.analyze("nuclear nuclear power is dangerous")
+    expected = q.boosts * bm25.idf_f32(df[q.term_ids.astype(np.int64)], s.index.doc_count)
+    assert np.array_equal(q.weights.view(np.uint32), expected.astype(np.float32).view(np.uint32))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -48,26 +49,29 @@ class Searcher:
     def manifest(self) -> dict:
         return self.index.manifest
 
+    @cached_property
+    def _idf(self) -> np.ndarray:
+        """Every term's f32 idf, computed once (element by element, as for a single query's terms)."""
+        return bm25.idf_f32(np.asarray(self.index.df), self.index.doc_count)
+
     # -- prepare ----------------------------------------------------------------------------
     def analyze(self, query: str) -> QueryTerms:
         """Distinct query terms ascending by id, boosted by their count in the query (pyserini's rule)."""
         if not isinstance(query, str):
             raise SearchError("query must be a string")
         counts, _ = self.analyzer.term_counts(query)
-        ids, boosts, unknown = [], [], []
         vocab = self.index.term_ids
+        found, unknown = [], []
         for term, c in counts.items():
             t = vocab.get(term)
             if t is None:
                 unknown.append(term)
             else:
-                ids.append(t)
-                boosts.append(c)
-        order = np.argsort(np.asarray(ids, dtype=np.int64), kind="stable")
-        term_ids = np.asarray(ids, dtype=np.uint32)[order]
-        boosts_f = np.asarray(boosts, dtype=np.float32)[order]
-        idf = bm25.idf_f32(self.index.df[term_ids.astype(np.int64)], self.index.doc_count) if term_ids.size else np.zeros(0, np.float32)
-        weights = (boosts_f * idf).astype(np.float32)
+                found.append((t, c))
+        found.sort()
+        term_ids = np.array([t for t, _ in found], dtype=np.uint32)
+        boosts_f = np.array([c for _, c in found], dtype=np.float32)
+        weights = boosts_f * self._idf[term_ids]  # f32 * f32: the product rounded once, as Lucene's boost * idf
         return QueryTerms(term_ids=term_ids, boosts=boosts_f, weights=weights, unknown=tuple(unknown))
 
     # -- search -----------------------------------------------------------------------------
