@@ -13,7 +13,6 @@ from ragserve.rag.model_path import model_path_problem
 
 ENV_API_KEY = "RAGSERVE_API_KEY"
 WAITRESS_BODY_SLACK = 1 << 20
-THREAD_SAFE_BACKENDS = {"cpu"}  # per-call scratch buffers; other backends own one device context
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +32,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="HTTP worker threads (default 16); a waiting answer holds one, so keep it above "
                         "--max-pending-answers")
     p.add_argument("--search-slots", type=int, default=0,
-                   help="searches run at once (default: one per core for cpu, 1 for device backends)")
+                   help="cpu backend: searches run at once (default: one per core; with --ray: shard-group "
+                        "fan-outs at once, default max(4, groups)); a device backend runs one launch at a time, "
+                        "batching the searches that arrive together")
+    p.add_argument("--queue-wait-ms", type=float, default=1.0,
+                   help="device backends, under load: how long a launch waits for more searches to join "
+                        "(default 1 ms; a lone search never waits)")
+    p.add_argument("--queue-max-batch", type=int, default=64,
+                   help="device backends: most queries batched into one launch (default 64)")
     gen = p.add_argument_group("generation (with --model)")
     gen.add_argument("--device", default="auto", help="generator device: auto (cuda if available), cpu, cuda[:N]")
     gen.add_argument("--exemplars", default="multihop.txt",
@@ -85,6 +91,8 @@ def _config(args: argparse.Namespace):
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     if args.search_slots < 0 or args.shutdown_grace < 0:
         raise CliError("--search-slots and --shutdown-grace must not be negative")
+    if not 0 <= args.queue_wait_ms <= 1000 or args.queue_max_batch < 1:
+        raise CliError("--queue-wait-ms must be between 0 and 1000 and --queue-max-batch at least 1")
     api_key = args.api_key if args.api_key is not None else os.environ.get(ENV_API_KEY) or None
     try:
         return ServerConfig(max_query_chars=args.max_query_chars, max_batch=args.max_batch, max_k=args.max_k,
@@ -98,6 +106,7 @@ def _config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from indexer.reader import InvalidIndexError
     from ragserve.kernels.contract import SearchError
+    from ragserve.retrieval.queue import QueueSettings
     from ragserve.retrieval.searcher import Searcher
     from ragserve.server.app import create_app
     from ragserve.server.auth import is_loopback_host
@@ -119,14 +128,15 @@ def run(args: argparse.Namespace) -> int:
     opts = {"xclbin": args.xclbin} if args.xclbin else {}
     check_backend(args.backend)
     try:
-        searcher = Searcher(args.index, backend=args.backend, **opts)
+        queue = QueueSettings(max_wait_ms=args.queue_wait_ms, max_batch=args.queue_max_batch,
+                              parallel=args.search_slots)
+        searcher = Searcher(args.index, backend=args.backend, queue=queue, **opts)
     except (InvalidIndexError, SearchError, RuntimeError) as e:
         raise CliError(str(e)) from e
-    slots = args.search_slots or ((os.cpu_count() or 1) if searcher.backend_name in THREAD_SAFE_BACKENDS else 1)
     metrics = ServerMetrics()
     answers = _answer_service(args, cfg, searcher, metrics) if args.model else None
     warmup = Warmup(searcher, answers)
-    app = create_app(searcher, cfg, answers=answers, metrics=metrics, search_slots=slots, warmup=warmup)
+    app = create_app(searcher, cfg, answers=answers, metrics=metrics, warmup=warmup)
     stop = threading.Event()
 
     def announce(addresses: list[tuple[str, int]]) -> None:

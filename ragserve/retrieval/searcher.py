@@ -4,6 +4,10 @@ A search is the memory pipeline's first three stages:
 prepare (analyse the query into weighted terms) -> compute relevancy (BM25 scoring, backend kernel)
 -> retrieval (exact top-k, then fetching stored text). The fourth stage, apply, belongs to the caller
 (the RAG loop builds a prompt from the hits).
+
+Every search reaches the backend through the searcher's queue (``ragserve.retrieval.queue``), so all callers of
+one ``Searcher`` (server threads, RAG loops, the CLI) share it: a device backend never sees two at once, and
+requests that arrive together share a launch.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from indexer.bm25 import QueryTerms
 from indexer.reader import IndexReader
 from ragserve.kernels.contract import SearchError, StageTimes, TopK
 from ragserve.kernels.registry import get_backend_class, resolve_backend_name
+from ragserve.retrieval.queue import QueueSettings, queue_for
 
 MAX_K = 10_000
 
@@ -38,11 +43,13 @@ class Hit:
 class Searcher:
     """Analyse, score, rank and fetch passages from one index with the chosen backend."""
 
-    def __init__(self, index: str | Path | IndexReader, backend: str = "cpu", **backend_options) -> None:
+    def __init__(self, index: str | Path | IndexReader, backend: str = "cpu", queue: QueueSettings | None = None,
+                 **backend_options) -> None:
         self.index = index if isinstance(index, IndexReader) else IndexReader(index)
         self.backend_name = resolve_backend_name(backend)
         cls = get_backend_class(self.backend_name)
         self.backend = cls(self.index, **backend_options)
+        self.queue = queue_for(self.backend, queue)
         self.analyzer = self.index.analyzer
 
     @property
@@ -89,8 +96,11 @@ class Searcher:
         return k1, b
 
     def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
-                     with_text: bool = True, times: StageTimes | None = None) -> list[list[Hit]]:
-        """Top-k hits of each query, best first; one backend call for the whole batch."""
+                     with_text: bool = True, times: StageTimes | None = None,
+                     deadline: float | None = None) -> list[list[Hit]]:
+        """Top-k hits of each query, best first; the batch goes to the backend in one launch (shared with
+        concurrent callers'). ``deadline`` (``time.monotonic``): ``QueueTimeout`` if the launch has not started
+        by then."""
         k1, b = self._check(k, k1, b)
         for q in queries:
             if not isinstance(q, str) or not q.strip():
@@ -99,7 +109,7 @@ class Searcher:
         analysed = [self.analyze(q) for q in queries]
         t1 = time.perf_counter()
         kt = StageTimes()
-        results = self.backend.search_terms(analysed, int(k), k1, b, kt)
+        results = self.queue.run(analysed, int(k), k1, b, kt, deadline)
         t2 = time.perf_counter()
         hits = [self.hits(r, with_text) for r in results]
         t3 = time.perf_counter()
@@ -108,8 +118,8 @@ class Searcher:
         return hits
 
     def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
-               with_text: bool = True, times: StageTimes | None = None) -> list[Hit]:
-        return self.search_batch([query], k, k1, b, with_text, times)[0]
+               with_text: bool = True, times: StageTimes | None = None, deadline: float | None = None) -> list[Hit]:
+        return self.search_batch([query], k, k1, b, with_text, times, deadline)[0]
 
     def hits(self, top: TopK, with_text: bool = True) -> list[Hit]:
         out = []
@@ -119,4 +129,6 @@ class Searcher:
         return out
 
     def close(self) -> None:
+        """Finish the queued searches, refuse new ones, release the backend."""
+        self.queue.close()
         self.backend.close()

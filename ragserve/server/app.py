@@ -33,6 +33,7 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
                metrics: ServerMetrics | None = None,
                search_slots: int = 1, warmup: Warmup | None = None) -> Flask:
     """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503.
+    ``search_slots``: searches at once on a searcher without its own queue (the Ray ``DistributedSearcher``).
     ``warmup`` (started by the caller): /readyz is 503 until it is done, and searches wait for it (the warm-up
     search holds the backend meanwhile)."""
     app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
@@ -109,7 +110,8 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
         return jsonify(
             version=__version__,
             index={"path": str(searcher.index.path), "manifest": searcher.manifest},
-            backend={**searcher.backend.describe(), "name": searcher.backend_name},
+            backend={**searcher.backend.describe(), "name": searcher.backend_name,
+                     **({"queue": searcher.queue.describe()} if hasattr(searcher, "queue") else {})},
             backends=list(backend_status()),
             model=answers.describe() if answers is not None else None,
             methods=answers.methods if answers is not None else [],

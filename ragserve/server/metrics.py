@@ -9,6 +9,8 @@ import threading
 from bisect import bisect_left
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+WAIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0, 10.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 LabelKey = tuple[tuple[str, str], ...]
 
@@ -149,6 +151,15 @@ class ServerMetrics:
                                       "Seconds spent in each search stage (prepare, relevancy, retrieval).")
         self.retrieval = r.histogram("ragserve_retrieval_seconds",
                                      "Backend time (all stages) of one /v1/search request or one RAG retrieval step.")
+        self.launch_queries = r.histogram("ragserve_search_launch_queries",
+                                          "Queries in one backend launch (its _count is the number of launches).",
+                                          SIZE_BUCKETS)
+        self.launch_requests = r.histogram("ragserve_search_launch_requests",
+                                           "Requests (searches and answer retrievals) batched into one backend launch.",
+                                           SIZE_BUCKETS)
+        self.queue_wait = r.histogram("ragserve_search_queue_wait_seconds",
+                                      "Time a search waited in the backend's queue before its launch started.",
+                                      WAIT_BUCKETS)
         self.generation = r.histogram("ragserve_generation_seconds",
                                       "Time one answer spent on the generator (model load excluded), by method.")
         self.answer_stage = r.counter("ragserve_answer_stage_seconds_total",
