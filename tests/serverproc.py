@@ -103,9 +103,9 @@ def start_model_server(*extra: str) -> ServerProcess:
 
 
 def run_load_test(*args: str, timeout: float = 120.0) -> dict:
-    """``scripts/load_test.py ARGS --json``: its summary (the script exits 1 on any error)."""
+    """``scripts/load_test.py ARGS --warmup 0 --json``: its report (the script exits 1 on any error)."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "load_test.py"
-    r = subprocess.run([sys.executable, str(script), *args, "--json"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(script), *args, "--warmup", "0", "--json"], capture_output=True, text=True,
                        timeout=timeout)
     assert r.stdout.strip(), r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])

@@ -203,7 +203,9 @@ def test_short_load_test_has_no_errors(server):
     s = run_load_test("--url", server.url, "--queries", str(shared("beir-arguana", "queries.jsonl.gz")),
                       "--truncate", str(MAX_QUERY_CHARS), "--clients", "8", "--duration", "3", "--k", "10")
     assert s["exit"] == 0 and s["errors"] == 0 and s["requests"] >= 8, s
-    assert 0 < s["p50_ms"] <= s["p99_ms"] <= s["max_ms"]
+    level = s["levels"][0]
+    assert level["clients"] == 8 and 0 < level["p50_ms"] <= level["p99_ms"] <= level["max_ms"]
+    assert s["meta"]["backend"] == "cpu" and level["server_queue"]["launches"] > 0
 
 
 # -- bad input: a 4xx naming the field, never a 5xx --------------------------------------------------

@@ -72,7 +72,7 @@ class _Request:
     queries: list[QueryTerms]
     key: tuple[int, float, float]  # (k, k1, b): requests batch together only when all three agree
     deadline: float | None  # time.monotonic()
-    submitted: float = field(default_factory=time.monotonic)
+    submitted: float
     state: str = "pending"  # -> "running" (in a launch) -> "done"
     lead: bool = False  # this caller is (or is to become) the launcher
     results: list[TopK] | None = None
@@ -127,15 +127,23 @@ class DeviceQueue:
         """
         if not queries:
             return []
-        req = _Request(list(queries), (int(k), float(k1), float(b)), deadline)
+        submitted = time.monotonic()
         with self._lock:
             if self._closed:
                 raise QueueClosed("the search queue is closed")
-            self._pending.append(req)
-            if not self._leading:
-                self._leading = req.lead = True
+            # Idle (nobody launching, so nothing queued) and no recent sign of load: launch at once, alone.
+            alone = not self._leading and (self._last_callers == 1 or self.settings.max_wait_ms == 0)
+            if alone:
+                self._leading = True
             else:
-                self._arrived.notify()
+                req = _Request(list(queries), (int(k), float(k1), float(b)), deadline, submitted)
+                self._pending.append(req)
+                if not self._leading:
+                    self._leading = req.lead = True
+                else:
+                    self._arrived.notify()
+        if alone:
+            return self._run_alone(list(queries), int(k), float(k1), float(b), times, submitted)
         try:
             if not req.lead:
                 self._wait(req)
@@ -149,6 +157,29 @@ class DeviceQueue:
         if times is not None and req.times is not None:
             times.add(req.times)
         return req.results
+
+    def _run_alone(self, queries: list[QueryTerms], k: int, k1: float, b: float, times: StageTimes | None,
+                   submitted: float) -> list[TopK]:
+        """A lone request on an idle queue: the launch with none of a batch's bookkeeping."""
+        start = time.monotonic()
+        failed = True
+        try:
+            results = self.backend.search_terms(queries, k, k1, b, times)
+            self._check_count(results, queries)
+            failed = False
+            return results
+        finally:
+            with self._lock:
+                self._last_callers = 1
+                self._release()
+            launch = Launch(1, len(queries), [start - submitted], failed=failed)
+            for fn in self._listeners:
+                fn(launch)
+
+    def _check_count(self, results: list[TopK], queries: list[QueryTerms]) -> None:
+        if len(results) != len(queries):
+            raise RuntimeError(f"backend {self.backend.name} returned {len(results)} results for "
+                               f"{len(queries)} queries")
 
     def _wait(self, req: _Request) -> None:
         """Until ``req`` is done or this caller has to lead."""
@@ -175,8 +206,11 @@ class DeviceQueue:
                 self._hand_over(req)
 
     def _hand_over(self, own: _Request) -> None:
-        """Give the launcher's role to the oldest waiting caller (lock held)."""
         own.lead = False
+        self._release()
+
+    def _release(self) -> None:
+        """Give the launcher's role to the oldest waiting caller, if any (lock held)."""
         if self._pending:
             nxt = self._pending[0]
             nxt.lead = True
@@ -255,9 +289,7 @@ class DeviceQueue:
         times = StageTimes()
         try:
             results = self.backend.search_terms(queries, k, k1, b, times)
-            if len(results) != len(queries):
-                raise RuntimeError(f"backend {self.backend.name} returned {len(results)} results for "
-                                   f"{len(queries)} queries")
+            self._check_count(results, queries)
             ok = True
         except Exception as e:
             ok = False
