@@ -257,3 +257,23 @@ def test_cpu_backend_calls_run_in_parallel_up_to_the_limit(hotpot_index, questio
             assert r[0].same_as(cpu.backend.search_terms([questions[i]], 5, ix.k1, ix.b)[0])
     finally:
         cpu.close()
+
+
+def test_gpu_backend_behind_the_queue_equals_sequential(hotpot_index):
+    """The gpu backend (on torch's CPU device here): concurrent callers batched, every result as if alone."""
+    g = Searcher(hotpot_index, backend="gpu", device="cpu", queue=QueueSettings(max_wait_ms=2))
+    try:
+        assert isinstance(g.queue, DeviceQueue)
+        launches: list[Launch] = []
+        g.queue.add_listener(launches.append)
+        texts = [e.question for e in hotpot_examples()[:24]]
+        ask = [(t, K_VALUES[i % 2]) for i, t in enumerate(texts)]
+        alone = [g.search(t, k=k, with_text=False) for t, k in ask]
+        launches.clear()
+        with ThreadPoolExecutor(12) as pool:
+            together = list(pool.map(lambda a: g.search(a[0], k=a[1], with_text=False), ask))
+        assert [[(h.docid, h.score) for h in hs] for hs in together] == \
+               [[(h.docid, h.score) for h in hs] for hs in alone]
+        assert sum(l.queries for l in launches) == len(ask) and len(launches) < len(ask)
+    finally:
+        g.close()
