@@ -223,7 +223,7 @@ def test_close_finishes_queued_requests_and_refuses_new_ones(sim, questions):
         release.set()
         assert closing.result(60) is True
         for i, f in zip((1, 2, 3), futs):
-            assert f.result(0)[0].same_as(expected(sim, [questions[i]], 5)[0])
+            assert f.result(60)[0].same_as(expected(sim, [questions[i]], 5)[0])
     first.join(60)
     assert gate.overlaps == 0
 

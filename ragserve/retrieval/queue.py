@@ -64,7 +64,6 @@ class Launch:
     requests: int
     queries: int
     waits: list[float]  # seconds each request waited between submission and this launch
-    failed: bool = False
 
 
 @dataclass(eq=False)
@@ -162,17 +161,15 @@ class DeviceQueue:
                    submitted: float) -> list[TopK]:
         """A lone request on an idle queue: the launch with none of a batch's bookkeeping."""
         start = time.monotonic()
-        failed = True
         try:
             results = self.backend.search_terms(queries, k, k1, b, times)
             self._check_count(results, queries)
-            failed = False
             return results
         finally:
             with self._lock:
                 self._last_callers = 1
                 self._release()
-            launch = Launch(1, len(queries), [start - submitted], failed=failed)
+            launch = Launch(1, len(queries), [start - submitted])
             for fn in self._listeners:
                 fn(launch)
 
@@ -307,7 +304,7 @@ class DeviceQueue:
             with self._lock:
                 for r in reqs:
                     r.state = "done"
-        launch = Launch(len(reqs), len(queries), [start - r.submitted for r in reqs], failed=not ok)
+        launch = Launch(len(reqs), len(queries), [start - r.submitted for r in reqs])
         for fn in self._listeners:
             fn(launch)
         return ok
@@ -355,14 +352,11 @@ class ParallelCalls:
         if not self._slots.acquire(timeout=None if deadline is None else max(0.0, deadline - submitted)):
             raise QueueTimeout("every search slot stayed busy past the request's deadline")
         start = time.monotonic()
-        failed = True
         try:
-            out = self.backend.search_terms(list(queries), int(k), float(k1), float(b), times)
-            failed = False
-            return out
+            return self.backend.search_terms(list(queries), int(k), float(k1), float(b), times)
         finally:
             self._slots.release()
-            launch = Launch(1, len(queries), [start - submitted], failed=failed)
+            launch = Launch(1, len(queries), [start - submitted])
             for fn in self._listeners:
                 fn(launch)
 
