@@ -18,8 +18,10 @@ and stop it with SIGTERM afterwards.
       --duration 60 --options '{"k": 2, "max_new_tokens": 16}'
 
 On the GPU, over the 21M-passage synthetic index of ``scripts/bench_gpu.py`` (S=../shared/data, D: the folder
-of ``scripts/gpu_bench_inputs.py``):
+of ``scripts/gpu_bench_inputs.py``; ``bench_gpu.py --synth dpr21m ... --workdir /tmp/synth`` leaves the index
+and the mapped queries, /tmp/synth/dpr21m.msmarco.tsv, there already):
 
+  python scripts/gpu_bench_inputs.py $D
   python scripts/synth_layout.py write /tmp/synth/dpr21m --docs 21000000 --workers 16
   python scripts/synth_layout.py queries /tmp/synth/dpr21m --reference $D/idx/ref \\
       --topics $S/msmarco-passage-queries/topics.msmarco-passage.dev-subset.txt --out /tmp/synth/msmarco.tsv
