@@ -138,10 +138,14 @@ def queue_summary(before: dict, after: dict) -> dict:
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in QUEUE_SERIES}
     launches = d["ragserve_search_launch_queries_count"]
     waits = d["ragserve_search_queue_wait_seconds_count"]
+
+    def per(total: str, n: float, scale: float = 1.0, digits: int = 2) -> float | None:
+        return round(d[total] / n * scale, digits) if n else None
+
     return {"launches": int(launches),
-            "queries_per_launch": round(d["ragserve_search_launch_queries_sum"] / launches, 2) if launches else None,
-            "requests_per_launch": round(d["ragserve_search_launch_requests_sum"] / launches, 2) if launches else None,
-            "queue_wait_ms_mean": round(d["ragserve_search_queue_wait_seconds_sum"] / waits * 1e3, 3) if waits else None}
+            "queries_per_launch": per("ragserve_search_launch_queries_sum", launches),
+            "requests_per_launch": per("ragserve_search_launch_requests_sum", launches),
+            "queue_wait_ms_mean": per("ragserve_search_queue_wait_seconds_sum", waits, 1e3, 3)}
 
 
 # -- one level -----------------------------------------------------------------------------------------------
@@ -152,8 +156,9 @@ def run_level(url: str, endpoint: str, headers: dict, bodies: list[bytes], queri
     start, out = ctx.Barrier(procs + 1), ctx.Queue()
     shares = [clients // procs + (p < clients % procs) for p in range(procs)]
     firsts = [sum(shares[:p]) for p in range(procs)]
-    workers = [ctx.Process(target=_client_process, args=(f"{url}/v1/{endpoint}", headers, bodies, shares[p], firsts[p], clients, start,
-                                                         warmup, duration, out), daemon=True)
+    workers = [ctx.Process(target=_client_process, args=(f"{url}/v1/{endpoint}", headers, bodies, shares[p],
+                                                         firsts[p], clients, start, warmup, duration, out),
+                           daemon=True)
                for p in range(procs)]
     for w in workers:
         w.start()
