@@ -279,7 +279,10 @@ def write_layout(out: Path, num_docs: int, terms_per_doc: float = 48.0, s: float
     workers = workers or os.cpu_count() or 1
     ctx = mp.get_context("fork")
     files: dict[str, dict] = {}
-    with ctx.Pool(workers) as pool:
+    # Closed and joined, not terminated: a forked worker may have inherited a signal handler that ignores SIGTERM
+    # (a JVM loaded in the parent, as in the test process), and Pool.__exit__'s terminate() would wait forever.
+    pool = ctx.Pool(workers)
+    try:
         width_v, width_d = len(str(max(V - 1, 0))), len(str(max(num_docs - 1, 0)))
         roots = pool.map_async(_root_file, [{"out": str(tmp), "kind": "vocab", "count": V, "width": width_v},
                                             {"out": str(tmp), "kind": "docids", "count": num_docs, "width": width_d},
@@ -300,6 +303,11 @@ def write_layout(out: Path, num_docs: int, terms_per_doc: float = 48.0, s: float
         res2 = pool.map(_bounds_shard, [{**j, "cache": cache.tolist()} for j in jobs])
         for r in roots.get():
             files.update(r)
+    except BaseException:
+        pool.terminate()
+        raise
+    pool.close()
+    pool.join()
     for p in tmp.glob("_*.npy"):
         p.unlink()
     shard_meta = []

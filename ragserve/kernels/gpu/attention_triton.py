@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-NEG = -1.0e30  # finite: a row with no valid score keeps exp(NEG - m) = 0 instead of NaN
+NEG = tl.constexpr(-1.0e30)  # a constexpr, as Triton allows globals in kernels; finite: a row with no valid score keeps exp(NEG - m) = 0 instead of NaN
 
 
 @dataclass(frozen=True)
