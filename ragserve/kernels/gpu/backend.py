@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 
 import numpy as np
@@ -91,6 +92,7 @@ class GpuBackend(Backend):
         self.kernel = self._pick_kernel(kernel)
         self.term_order = term_order
         self._cuda = self.device.type == "cuda"
+        self._threads = threading.local()  # which threads have the device's context bound (``_is_current``)
         self.num_docs = index.num_docs
         self.block_shift = index.block_size.bit_length() - 1
         self._n_blocks = -(-self.num_docs // index.block_size)
@@ -183,7 +185,15 @@ class GpuBackend(Backend):
     def _is_current(self) -> bool:
         """Is the backend's device the current one (or not a CUDA device)? torch's raw query: ``current_device()``
         costs a single query ~1 us more, and CUDA is initialised since the index was loaded."""
-        return not self._cuda or torch._C._cuda_getDevice() == self.device.index
+        if not self._cuda:
+            return True
+        if not getattr(self._threads, "bound", False):
+            # A thread's first search (a server's worker thread, say): the single-query graph calls the driver
+            # directly, which needs a context current on this thread, and the runtime binds the device's primary
+            # context only at a call that needs one. Without this, every single query of a new thread failed.
+            torch.cuda.synchronize(self.device)
+            self._threads.bound = True
+        return torch._C._cuda_getDevice() == self.device.index
 
     def _load(self, norms: np.ndarray) -> None:
         plan, shards, dev = self.plan, self.index.shards, self.device
