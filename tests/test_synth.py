@@ -141,5 +141,10 @@ def test_corpus_synth_command(tmp_path, capsys):
     assert "300 passages" in capsys.readouterr().out
     assert main(["corpus", "synth", "--docs", "10", "--out", str(out), "--queries", "5"]) == 2
     assert "--queries-out" in capsys.readouterr().err
-    assert main(["corpus", "synth", "--docs", "10", "--out", str(tmp_path / "no" / "dir.jsonl")]) == 2
-    assert "no such directory" in capsys.readouterr().err
+    # Every output path gets its parent folders (as `index --out` does); a folder as the output is one line, exit 2.
+    assert main(["corpus", "synth", "--docs", "10", "--out", str(tmp_path / "no" / "dir.jsonl")]) == 0
+    assert len((tmp_path / "no" / "dir.jsonl").read_text().splitlines()) == 10
+    capsys.readouterr()
+    assert main(["corpus", "synth", "--docs", "10", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
