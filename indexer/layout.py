@@ -27,6 +27,12 @@ BLK_MAXQ = "blk_maxq.f32"
 BLK_MAXTF = "blk_maxtf.u32"
 BLK_MINNORM = "blk_minnorm.u8"
 SHARD_FILES = (POSTINGS, TERM_PTR, BLK_ID, BLK_START, BLK_MAXQ, BLK_MAXTF, BLK_MINNORM)
+# Fine bounds (FORMAT.md, "Fine bounds"): an addition for CPU dynamic pruning, not part of a shard's bank image.
+DEFAULT_FINE_BLOCK = 128  # postings per fine block, as Lucene's impacts and PISA's block-max lists
+FINE_PTR = "fine_ptr.u32"
+FINE_MAXQ = "fine_maxq.f32"
+FINE_LAST = "fine_last.u32"
+FINE_FILES = (FINE_PTR, FINE_MAXQ, FINE_LAST)
 
 DTYPES = {"u8": np.uint8, "u32": np.uint32, "u64": np.uint64, "f32": np.float32}
 

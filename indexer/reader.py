@@ -38,6 +38,10 @@ class Shard:
     blk_maxq: np.ndarray
     blk_maxtf: np.ndarray
     blk_minnorm: np.ndarray
+    # Fine bounds (FORMAT.md): None for an index written without them (a backend may derive them).
+    fine_ptr: np.ndarray | None = None
+    fine_maxq: np.ndarray | None = None
+    fine_last: np.ndarray | None = None
 
 
 class IndexReader:
@@ -76,11 +80,13 @@ class IndexReader:
         self.avgdl = np.float32(st["avgdl"])
         self.block_size: int = lay["block_size"]
         self.tf_bits: int = lay["tf_bits"]
+        self.fine_block: int | None = lay.get("fine_block")  # absent: an index without fine bounds
         self.k1: float = self.manifest["bm25"]["k1"]
         self.b: float = self.manifest["bm25"]["b"]
         self.analyzer = Analyzer.from_config(self.manifest["analyzer"])
-        self.norms = _map(self.path / L.NORMS)
-        self.df = _map(self.path / L.DF)
+        # Plain ndarray views of the maps: indexing an np.memmap runs Python code in numpy for every lookup.
+        self.norms = np.asarray(_map(self.path / L.NORMS))
+        self.df = np.asarray(_map(self.path / L.DF))
         self._docids = (self.path / L.DOCIDS_BYTES, _map(self.path / L.DOCIDS_OFFSETS))
         self._store = (self.path / L.STORE_BYTES, _map(self.path / L.STORE_OFFSETS))
         self.shards = [self._open_shard(i, s) for i, s in enumerate(self.manifest["shards"])]
@@ -88,6 +94,8 @@ class IndexReader:
     def _open_shard(self, i: int, s: dict) -> Shard:
         d = self.path / s["dir"]
         arrays = {name.split(".")[0]: _map(d / name) for name in L.SHARD_FILES}
+        if self.fine_block:
+            arrays.update({name.split(".")[0]: _map(d / name) for name in L.FINE_FILES})
         return Shard(index=i, doc_start=s["doc_start"], doc_end=s["doc_end"], block_start=s["block_start"],
                      block_end=s["block_end"], **arrays)
 

@@ -48,6 +48,7 @@ class BuildOptions:
     b: float = 0.4
     workers: int = 0  # 0: one per core
     run_postings: int = 32_000_000  # postings buffered in memory before a run is flushed (~300 MB)
+    fine_block: int = L.DEFAULT_FINE_BLOCK  # postings per fine block (the CPU's block-max bounds)
     overwrite: bool = False
     progress: bool = True
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
@@ -477,6 +478,8 @@ def _build_into(out_dir: str | Path, opts: BuildOptions, build: Callable[[Path],
     bs = opts.block_size
     if bs <= 0 or bs & (bs - 1):
         raise BuildError(f"block size must be a power of two, got {bs}")
+    if opts.fine_block < 1:
+        raise BuildError(f"fine block size must be at least 1 posting, got {opts.fine_block}")
     out = Path(out_dir)
     if out.exists() and not opts.overwrite:
         raise BuildError(f"{out} already exists (pass --overwrite to replace it)")
@@ -575,17 +578,18 @@ class ShardInputs:
     cache: np.ndarray
     log2_bs: int
     tf_bits: int
+    fine_block: int = L.DEFAULT_FINE_BLOCK
 
 
-def write_shard_job(job: ShardJob, inputs: ShardInputs) -> tuple[int, int, dict[str, str]]:
-    """Write one shard's files wherever this runs (a ``shard_writer`` calls it); (postings, block entries,
-    SHA-256 of each file by its name in the shard directory)."""
+def write_shard_job(job: ShardJob, inputs: ShardInputs) -> tuple[int, int, int, dict[str, str]]:
+    """Write one shard's files wherever this runs (a ``shard_writer`` calls it); (postings, block entries, fine
+    blocks, SHA-256 of each file by its name in the shard directory)."""
     job.dir.mkdir()
     with _Checksums(job.dir) as sums, ThreadPoolExecutor(2) as pool:
         parts = list(pool.map(_Run.load, job.runs))
-        P, E = _write_shard(job.dir, parts, inputs.remap, job.entries, inputs.log2_bs, inputs.tf_bits, inputs.norms,
-                            inputs.cache, pool, sums)
-        return int(P), int(E), {name: meta["sha256"] for name, meta in sums.files().items()}
+        P, E, F = _write_shard(job.dir, parts, inputs.remap, job.entries, inputs.log2_bs, inputs.tf_bits,
+                               inputs.norms, inputs.cache, pool, sums, inputs.fine_block)
+        return int(P), int(E), int(F), {name: meta["sha256"] for name, meta in sums.files().items()}
 
 
 def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyzer, source: dict, t_start: float,
@@ -619,12 +623,12 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
 
         log2_bs = block_size.bit_length() - 1
         if shard_writer is not None:
-            written = iter(shard_writer(jobs, ShardInputs(remap, norms, cache, log2_bs, tf_bits)))
+            written = iter(shard_writer(jobs, ShardInputs(remap, norms, cache, log2_bs, tf_bits, opts.fine_block)))
         shard_meta = []
         for job, (b0, b1) in zip(tqdm(jobs, desc="writing shards", disable=not opts.progress), shards):
             d = job.dir
             if shard_writer is not None:
-                P, E, hashes = next(written)
+                P, E, F, hashes = next(written)
                 for name, sha in hashes.items():
                     sums.record(d / name, sha)
             else:
@@ -632,11 +636,12 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
                 parts = [f.result() for f in loads.pop()]
                 if job.index + 1 < len(jobs):
                     loads.append([pool.submit(run.load) for run in jobs[job.index + 1].runs])
-                P, E = _write_shard(d, parts, remap, job.entries, log2_bs, tf_bits, norms, cache, pool, sums)
+                P, E, F = _write_shard(d, parts, remap, job.entries, log2_bs, tf_bits, norms, cache, pool, sums,
+                                       opts.fine_block)
                 del parts
             doc_start, doc_end = b0 * block_size, min(b1 * block_size, n)
             shard_meta.append({"dir": d.name, "doc_start": doc_start, "doc_end": doc_end, "block_start": b0,
-                               "block_end": b1, "postings": int(P), "entries": int(E),
+                               "block_end": b1, "postings": int(P), "entries": int(E), "fine_blocks": int(F),
                                "bytes": L.shard_bytes(P, E, V, doc_end - doc_start)})
         shutil.rmtree(tmp / "_runs")
         files = sums.files()
@@ -650,7 +655,7 @@ def _write_layout(ing: _Ingest, tmp: Path, opts: BuildOptions, analyzer: Analyze
                   "empty_docs": int(n - doc_count)},
         "layout": {"block_size": block_size, "block_bits": 32 - tf_bits, "tf_bits": tf_bits,
                    "bank_bytes": opts.bank_bytes, "accumulator_bytes": block_size * L.ACCUMULATOR_BYTES_PER_DOC,
-                   "num_blocks": num_blocks, "num_shards": len(shard_meta),
+                   "num_blocks": num_blocks, "num_shards": len(shard_meta), "fine_block": opts.fine_block,
                    "length_table": [int(x) for x in LENGTH_TABLE]},
         "shards": shard_meta,
         "files": files,
@@ -752,9 +757,10 @@ def _plan_shards(bp: list[int], be: list[int], V: int, n: int, block_size: int, 
 
 
 def _write_shard(d: Path, parts: list[tuple], remap: np.ndarray, n_entries: int, log2_bs: int, tf_bits: int,
-                 norms: np.ndarray, cache: np.ndarray, pool: ThreadPoolExecutor, sums: _Checksums) -> tuple[int, int]:
+                 norms: np.ndarray, cache: np.ndarray, pool: ThreadPoolExecutor, sums: _Checksums,
+                 fine_block: int = L.DEFAULT_FINE_BLOCK) -> tuple[int, int, int]:
     """Write a shard's arrays (FORMAT.md) into ``d`` from its runs in docid order (``_Run.load``: provisional term
-    ids, tfs, postings per document, first docid); returns (postings, block entries).
+    ids, tfs, postings per document, first docid); returns (postings, block entries, fine blocks).
 
     The postings are ordered by (final term id, docid) with a counting sort by term: it is stable, so each term's
     postings keep the runs' docid order, and it costs two passes instead of a sort. Both passes run on two
@@ -775,7 +781,10 @@ def _write_shard(d: Path, parts: list[tuple], remap: np.ndarray, n_entries: int,
     arrays = _block_entries(starts, packed, docs, n_entries, log2_bs, tf_bits, norms, cache)
     for name, a in zip(L.SHARD_FILES, (packed, *arrays)):
         sums.write(d / name, a)
-    return packed.size, n_entries
+    fine = fine_bounds(packed, arrays[1], arrays[2], norms, cache, tf_bits, 1 << log2_bs, fine_block)
+    for name, a in zip(L.FINE_FILES, fine):
+        sums.write(d / name, a)
+    return packed.size, n_entries, fine[1].size
 
 
 def _halves(parts: list[tuple]) -> tuple[list[tuple], list[tuple]]:
@@ -864,6 +873,40 @@ def _block_entries(starts, packed, docs, n_entries, log2_bs, tf_bits, norms, cac
     term_ptr[V] = e
     blk_start[e] = starts[V]
     return term_ptr, blk_id, blk_start, maxq, maxtf, minnorm
+
+
+@njit(cache=True, nogil=True)
+def fine_bounds(postings, blk_id, blk_start, norms, cache, tf_bits, block_size, fine_block):
+    """The fine bounds of one shard (FORMAT.md, "Fine bounds"): each block entry's postings cut into runs of
+    ``fine_block``; per run the max of q = f32(tf) * cache[norm] and the block offset of its last posting.
+    Returns (fine_ptr [E+1], fine_maxq [F], fine_last [F])."""
+    E = blk_id.size
+    fine_ptr = np.empty(E + 1, dtype=np.uint32)
+    f = 0
+    for e in range(E):
+        fine_ptr[e] = f
+        f += (blk_start[e + 1] - blk_start[e] + fine_block - 1) // fine_block
+    fine_ptr[E] = f
+    maxq = np.zeros(f, dtype=np.float32)
+    last = np.empty(f, dtype=np.uint32)
+    shift = np.uint32(tf_bits)
+    mask = np.uint32((1 << tf_bits) - 1)
+    for e in range(E):
+        base = np.int64(blk_id[e]) * block_size
+        lo = np.int64(blk_start[e])
+        hi = np.int64(blk_start[e + 1])
+        f = np.int64(fine_ptr[e])
+        for a in range(lo, hi, fine_block):
+            b = min(a + fine_block, hi)
+            m = np.float32(0.0)
+            for j in range(a, b):
+                p = postings[j]
+                q = np.float32(p & mask) * cache[norms[base + (p >> shift)]]
+                m = max(m, q)
+            maxq[f] = m
+            last[f] = postings[b - 1] >> shift
+            f += 1
+    return fine_ptr, maxq, last
 
 
 def _write_and_hash(path: Path, a: np.ndarray) -> str:

@@ -77,7 +77,7 @@ def test_round_trip_postings_norms_and_text(tmp_path):
 
 
 def test_shards_fit_banks_and_block_tables_are_consistent(tmp_path):
-    build_index_from_documents(_corpus(900), tmp_path / "idx", _opts())
+    build_index_from_documents(_corpus(900), tmp_path / "idx", _opts(fine_block=8))
     r = IndexReader(tmp_path / "idx")
     lay = r.manifest["layout"]
     cache = bm25.norm_cache(r.k1, r.b, r.avgdl)
@@ -101,6 +101,14 @@ def test_shards_fit_banks_and_block_tables_are_consistent(tmp_path):
                 assert np.float32(sh.blk_maxq[e]) == q.max()
                 assert int(sh.blk_maxtf[e]) == int(tf.max())
                 assert int(sh.blk_minnorm[e]) == int(np.asarray(r.norms)[docs].min())
+                # Fine bounds: the entry's postings in runs of fine_block, each with its max q and last offset.
+                f0, f1 = int(sh.fine_ptr[e]), int(sh.fine_ptr[e + 1])
+                fb = lay["fine_block"]
+                assert f1 - f0 == -(-off.size // fb)
+                for i, f in enumerate(range(f0, f1)):
+                    assert np.float32(sh.fine_maxq[f]) == q[i * fb:(i + 1) * fb].max()
+                    assert int(sh.fine_last[f]) == int(off[min((i + 1) * fb, off.size) - 1])
+        assert int(sh.fine_ptr[-1]) == sm["fine_blocks"] == sh.fine_maxq.size == sh.fine_last.size
     assert prev_end == r.num_docs
 
 
@@ -222,8 +230,8 @@ def test_corrupt_or_partial_index_is_rejected(tmp_path):
 
 
 def _reference_shard(parts: list[tuple], remap: np.ndarray, log2_bs: int, tf_bits: int, norms: np.ndarray,
-                     cache: np.ndarray) -> dict:
-    """A shard's arrays by a plain lexsort/reduceat construction."""
+                     cache: np.ndarray, fine_block: int) -> dict:
+    """A shard's arrays, fine bounds included, by a plain lexsort/reduceat construction."""
     V = remap.size
     tid = np.concatenate([p[0] for p in parts]).astype(np.int64)
     tf = np.concatenate([p[1] for p in parts]).astype(np.int64)
@@ -234,7 +242,14 @@ def _reference_shard(parts: list[tuple], remap: np.ndarray, log2_bs: int, tf_bit
     blk = doc >> log2_bs
     starts = np.flatnonzero(np.concatenate(([True], (tid[1:] != tid[:-1]) | (blk[1:] != blk[:-1]))))
     q = tf.astype(np.float32) * cache[norms[doc]]
+    ends = np.append(starts[1:], tid.size)
+    fine_starts = [np.arange(a, b, fine_block) for a, b in zip(starts, ends)]
+    first = np.concatenate(fine_starts)
+    last = np.minimum(first + fine_block, np.repeat(ends, [f.size for f in fine_starts])) - 1
     return {
+        L.FINE_PTR: np.cumsum([0] + [f.size for f in fine_starts]).astype(np.uint32),
+        L.FINE_MAXQ: np.maximum.reduceat(q, first),
+        L.FINE_LAST: (doc - (blk << log2_bs))[last].astype(np.uint32),
         L.POSTINGS: ((doc - (blk << log2_bs)) << tf_bits | tf).astype(np.uint32),
         L.TERM_PTR: np.searchsorted(tid[starts], np.arange(V + 1)).astype(np.uint32),
         L.BLK_ID: blk[starts].astype(np.uint32),
@@ -268,16 +283,16 @@ def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
         for i, runs in enumerate((parts, parts[1:2], [])):
             d = tmp_path / f"shard{i}"
             d.mkdir()
-            want = _reference_shard(runs, remap, log2_bs, tf_bits, norms, cache) if runs else {
+            want = _reference_shard(runs, remap, log2_bs, tf_bits, norms, cache, fine_block=16) if runs else {
                 L.POSTINGS: np.zeros(0, np.uint32), L.TERM_PTR: np.zeros(V + 1, np.uint32),
-                L.BLK_START: np.zeros(1, np.uint32)}
+                L.BLK_START: np.zeros(1, np.uint32), L.FINE_PTR: np.zeros(1, np.uint32)}
             entries = want[L.BLK_START].size - 1
-            got = _write_shard(d, runs, remap, entries, log2_bs, tf_bits, norms, cache, pool, sums)
-            assert got == (want[L.POSTINGS].size, entries)
+            got = _write_shard(d, runs, remap, entries, log2_bs, tf_bits, norms, cache, pool, sums, fine_block=16)
+            assert got == (want[L.POSTINGS].size, entries, want[L.FINE_PTR][-1])
             wants.append((d, want))
         files = sums.files()  # waits for the background writes
     for d, want in wants:
         for name, a in want.items():
             assert (d / name).read_bytes() == a.astype(a.dtype.newbyteorder("<")).tobytes(), name
     assert files["shard0/" + L.POSTINGS]["sha256"] == hashlib.sha256((tmp_path / "shard0" / L.POSTINGS).read_bytes()).hexdigest()
-    assert len(files) == 3 * len(L.SHARD_FILES)
+    assert len(files) == 3 * (len(L.SHARD_FILES) + len(L.FINE_FILES))
