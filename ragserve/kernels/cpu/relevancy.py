@@ -1,66 +1,106 @@
-"""CPU relevancy stage (numba): BM25 term scores of one block entry added into a block's f64 accumulator.
+"""CPU relevancy stage (numba): BM25 term scores of a run of postings added into a window's f64 accumulator.
 
 f32 arithmetic is kept f32 by casting every constant (numba would otherwise promote to f64 and change the bits).
-All kernels release the GIL so a batch runs one query per thread.
+All kernels release the GIL so a batch runs one query per thread. ``error_model="numpy"`` drops the division-by-zero
+test numba adds to every division (1 + q is at least 1).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from ragserve.kernels.cpu.hints import LINE, prefetch
+
 F1 = np.float32(1.0)
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
 def _term_score(w, tf, c):
     q = np.float32(tf) * c
     return w - w / (F1 + q)
 
 
-@njit(nogil=True, cache=True)
-def score_entry(postings, lo, hi, w, cache, norms, base, acc, touched, n_t, shift, mask):
-    """Add one block entry's postings into ``acc`` (indexed by offset in the block); returns the touched count."""
-    for j in range(lo, hi):
+# Offsets are kept unsigned: numba adds a negative-index fix-up to every access through a signed index.
+U = np.uint64
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def score_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, touched, n_t, shift, mask):
+    """Add postings ``lo:hi`` into ``acc``, a window's accumulator (index: block offset - w0), and mark their docs
+    in ``live``; returns the touched count. ``base`` is the block's first docid (for the norms)."""
+    nb = norms[U(base):]
+    uw0 = U(w0)
+    n = U(n_t)
+    for j in range(U(lo), U(hi)):
         p = postings[j]
-        off = np.int64(p >> shift)
-        s = _term_score(w, p & mask, cache[norms[base + off]])
-        a = acc[off]
+        off = U(p >> shift)
+        s = _term_score(w, p & mask, cache[U(nb[off])])
+        i = off - uw0
+        a = acc[i]
         # Branch-free first-touch bookkeeping: whether a doc was seen before is unpredictable.
-        touched[n_t] = off
-        n_t += a == 0.0
-        acc[off] = a + np.float64(s)
-    return n_t
+        touched[n] = i
+        n += U(a == 0.0)
+        acc[i] = a + np.float64(s)
+        live[i] = 1
+    return np.int64(n)
 
 
-@njit(nogil=True, cache=True)
-def scan_entry(postings, lo, hi, w, cache, norms, base, acc, shift, mask):
-    """Add one entry's scores to the docs that are still candidates (acc != 0), by a linear scan."""
-    for j in range(lo, hi):
+@njit(nogil=True, cache=True, error_model="numpy")
+def scan_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, shift, mask):
+    """Add postings ``lo:hi`` to the docs that are still candidates, by a linear scan. Membership is read from
+    ``live`` (one byte a doc: the window's 16 KiB stay in L1) rather than from ``acc`` (8 bytes a doc)."""
+    nb = norms[U(base):]
+    uw0 = U(w0)
+    for j in range(U(lo), U(hi)):
         p = postings[j]
-        off = np.int64(p >> shift)
-        a = acc[off]
-        if a != 0.0:
-            acc[off] = a + np.float64(_term_score(w, p & mask, cache[norms[base + off]]))
+        off = U(p >> shift)
+        if live[off - uw0]:
+            acc[off - uw0] += np.float64(_term_score(w, p & mask, cache[U(nb[off])]))
 
 
-@njit(nogil=True, cache=True)
-def probe_entry(postings, lo, hi, w, cache, norms, base, acc, cands, n_c, shift, mask):
-    """Add one entry's scores to the candidates (sorted offsets) by binary search: for few candidates."""
-    for ci in range(n_c):
-        target = np.uint32(cands[ci])
-        a, b = lo, hi
-        while a < b:
-            mid = (a + b) >> 1
-            if (postings[mid] >> shift) < target:
-                a = mid + 1
-            else:
-                b = mid
-        if a == hi:
-            break
-        lo = a
-        if (postings[a] >> shift) == target:
-            off = np.int64(target)
-            acc[off] += np.float64(_term_score(w, postings[a] & mask, cache[norms[base + off]]))
+@njit(nogil=True, cache=True, error_model="numpy")
+def probe_entry(postings, lo, hi, fine_last, f, fstart, fine_block, w, cache, norms, base, w0, acc, cands, n_c,
+                shift, mask):
+    """Add postings ``lo:hi`` to the candidates (ascending window offsets) by search: for few candidates.
+
+    ``f`` is the fine block holding ``lo`` and ``fstart`` its first posting. A candidate's fine block is found by
+    walking the (dense) last offsets; its postings are then fetched at once and binary-searched branch-free (a
+    conditional move per step: which half holds a doc is unpredictable). A search over the whole range would
+    wait on a cache miss at most of its steps, each step's load depending on the one before."""
+    nb = norms[U(base):]
+    uw0 = U(w0)
+    lo = U(lo)
+    hi = U(hi)
+    fs = U(fstart)
+    fb = U(fine_block)
+    fetched = U(0)
+    for ci in range(U(n_c)):
+        target = np.uint32(cands[ci] + w0)
+        while fine_last[f] < target:  # the block whose last offset is at or past target holds it if any does
+            f += 1
+            fs += fb
+            if fs >= hi:
+                return
+        first = max(lo, fs)
+        end = min(fs + fb, hi)
+        if fetched != fs + U(1):
+            for j in range(first, end, U(LINE // 4)):
+                prefetch(postings, j)
+            fetched = fs + U(1)
+        n = end - first
+        while n > U(1):  # the first posting at or past target is in [first, first + n]
+            half = n >> U(1)
+            first = first + half if (postings[first + half] >> shift) < target else first
+            n -= half
+        if n == U(1) and (postings[first] >> shift) < target:
+            first += U(1)
+        if first == hi:
+            return
+        lo = first
+        p = postings[first]
+        if (p >> shift) == target:
+            off = U(target)
+            acc[off - uw0] += np.float64(_term_score(w, p & mask, cache[U(nb[off])]))
 
 
 def inner_product(queries: np.ndarray, keys: np.ndarray) -> np.ndarray:

@@ -1,38 +1,96 @@
-"""The CPU backend's block traversal (numba): block-at-a-time BM25 scoring with safe MaxScore pruning and exact top-k.
+"""The CPU backend's traversal (numba): block-max MaxScore over windows of a doc block, with an exact top-k.
 
-A query walks the shard's doc blocks in order. Per block, each query term's block entry gives its postings
-and a block-max bound; terms are scored into a block-sized f64 accumulator (it stays in L2 cache), and the
-block's results go into one running top-k heap. Because later blocks hold larger docids, a later document
-must score strictly above the heap's k-th score to enter it, which lets whole blocks, and the low-bound
-terms of a block, be skipped once the heap is full.
+A query walks the shard's doc blocks in docid order, and each block in windows of ``window`` docs. Per window,
+each query term's fine blocks (runs of ``fine_block`` postings, FORMAT.md "Fine bounds") that overlap the window
+give it a window bound ``w - w / (1 + max q)``. Once k documents are kept, a later document must score strictly
+above the k-th score so far (the tie rule favours smaller docids), so:
+- a window whose bounds sum to no more than the k-th score is skipped (block-max skipping);
+- otherwise the terms are ordered by window bound (MaxScore): the essential ones, whose bounds together could
+  lift an unseen document above the k-th score, are scored into the window's f64 accumulator; the others only
+  update the surviving candidates (by binary search or by a scan of their window's postings), in decreasing
+  bound order, candidates being dropped once their partial score plus the remaining bounds cannot win;
+- every comparison is made after rounding to f32, as final scores are, with the f64 sums of bounds given a slack
+  that covers their rounding.
+Reordering the terms needs the f64 sum of the query's term scores to be order-free (``bm25.sum_is_exact``);
+without it every term of a window is added in ascending term-id order (FORMAT.md's canonical order) and only
+whole windows are skipped. Either way the result equals the exhaustive run bit for bit.
 
 The stages it strings together live in ``relevancy`` (term scores into the accumulator) and ``selection``
-(the heap, a block's k-th score, candidate pruning); every kernel releases the GIL.
+(the top-k, candidate pruning); every kernel releases the GIL.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from ragserve.kernels.cpu.hints import LINE, prefetch
 from ragserve.kernels.cpu.relevancy import F1, probe_entry, scan_entry, score_entry
-from ragserve.kernels.cpu.selection import count_above, flush_block, kth_largest, prune_candidates
+from ragserve.kernels.cpu.selection import flush_block, key_score, prune_candidates
 
-SLACK = 1.0 + 1e-12  # on f64 sums of bounds: far below one f32 ulp, covers any summation-order rounding
+# Slack on f64 sums of bounds, per query term: 2^-50 = 8 f64 ulps, covering the rounding of summing n bounds in any
+# order (and, without an exact sum, of the scores' own sum), far below one f32 ulp.
+SLACK_PER_TERM = 2.0 ** -50
+
+# Counters of a query's work (``stats``), summed over its shards.
+ST_SCORED = 0  # postings scored into the accumulator (essential terms, or every term without reordering)
+ST_SCANNED = 1  # postings of non-essential terms read by a scan
+ST_PROBES = 2  # candidate look-ups by binary search in a non-essential term's window
+ST_CANDIDATES = 3  # documents touched by the essential terms
+ST_WINDOWS = 4  # windows with at least one posting
+ST_SKIPPED = 5  # of those, skipped whole by their bounds
+ST_SKIPPED_POSTINGS = 6  # postings in skipped windows
+ST_FLUSHED = 7  # documents offered to the top-k
+ST_PUSHES = 8  # of those, inserted
+N_STATS = 9
 
 
-@njit(nogil=True, cache=True)
-def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, norms, cache,
-                 term_ids, weights, default_params, exact_sum, prune, k, block_size, tf_bits, block_lo, block_hi,
-                 acc, touched, cands, hs, hd, hn):
-    """Add one shard's matches to the top-k heap (hs, hd, size hn); returns the new heap size.
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _bound(w, q):
+    return np.float64(w - w / (F1 + q))
 
-    Blocks are visited in docid order. With ``exact_sum`` (the f64 sum of the query's term scores is
-    order-free) and ``prune``, terms of a block are visited in decreasing block-max bound (MaxScore):
-    once the unseen terms' bounds cannot lift an unseen document into the top-k, the remaining terms only
-    update the surviving candidates. Otherwise every term is added in ascending term-id order, the
-    canonical order of FORMAT.md.
-    """
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _window_end(postings, fine_maxq, fine_last, pos, pend, f, fend, fstart, fine_block, w1, shift):
+    """(first posting at or past window end w1, max q of the fine blocks overlapping [pos, that posting)).
+
+    ``f`` is the fine block holding ``pos`` and ``fstart`` its first posting."""
+    mq = np.float32(0.0)
+    while f < fend and fine_last[f] < w1:  # fine blocks wholly before the window's end
+        mq = max(mq, fine_maxq[f])
+        f += 1
+        fstart += fine_block
+    if f == fend:
+        return pend, mq
+    lo = max(pos, fstart)
+    a = lo
+    n = min(fstart + fine_block, pend) - lo
+    for j in range(lo, lo + n, LINE // 4):  # the search's loads depend on each other: fetch its lines at once
+        prefetch(postings, j)
+    while n > 1:  # branch-free search of the block's first posting at or past w1 (its last one is)
+        half = n >> 1
+        a = a + half if (postings[a + half] >> shift) < w1 else a
+        n -= half
+    if n == 1 and (postings[a] >> shift) < w1:
+        a += 1
+    if a > lo:
+        mq = max(mq, fine_maxq[f])
+    return a, mq
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, fine_ptr, fine_maxq,
+                 fine_last, fine_block, norms, cache, term_ids, weights, default_params, exact_sum, prune, k,
+                 block_size, tf_bits, block_lo, block_hi, window, probe_ratio, prefetch_norms, acc, live, touched, cands,
+                 buf, st, stats):
+    """Add one shard's matches to the top-k buffer (``selection.flush_block``: keys ``buf``, state ``st``).
+
+    ``window`` (a power of two, at most ``block_size``) is the docs per window, and ``acc``, ``live`` (u8 marks
+    of the docs still candidates), ``touched`` and ``cands`` hold one window (``acc`` and ``live`` zero on entry
+    and exit). A non-essential term is probed by binary search
+    when ``candidates * probe_ratio`` is below its postings in the window, else scanned. Without ``prune``
+    every posting is scored (the exhaustive reference)."""
     nq = term_ids.size
+    slack = 1.0 + (nq + 1) * SLACK_PER_TERM
     shift = np.uint32(tf_bits)
     mask = np.uint32((1 << tf_bits) - 1)
     cur = np.empty(nq, dtype=np.int64)
@@ -41,7 +99,12 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
         cur[i] = term_ptr[term_ids[i]]
         end[i] = term_ptr[term_ids[i] + 1]
     ent = np.empty(nq, dtype=np.int64)
-    bounds = np.empty(nq, dtype=np.float64)
+    cq = np.empty(nq, dtype=np.float32)  # the term's q bound in the block entry
+    pos = np.zeros(nq, dtype=np.int64)  # next posting of the term in the block
+    pend = np.zeros(nq, dtype=np.int64)
+    wend = np.empty(nq, dtype=np.int64)  # the term's first posting past the current window
+    wb = np.empty(nq, dtype=np.float64)  # the term's bound in the window (0: no posting there)
+    order = np.empty(nq, dtype=np.int64)
     remaining = np.empty(nq, dtype=np.float64)
     for b in range(block_lo, block_hi):
         base = np.int64(b) * block_size
@@ -50,79 +113,129 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
         for i in range(nq):
             while cur[i] < end[i] and blk_id[cur[i]] < b:
                 cur[i] += 1
+            pos[i] = pend[i] = 0
+            ent[i] = -1
             if cur[i] < end[i] and blk_id[cur[i]] == b:
                 e = cur[i]
                 ent[i] = e
-                if default_params:
-                    q = blk_maxq[e]
-                else:
-                    q = np.float32(blk_maxtf[e]) * cache[blk_minnorm[e]]
-                w = weights[i]
-                bounds[i] = np.float64(w - w / (F1 + q))
-                total += bounds[i]
+                pos[i] = blk_start[e]
+                pend[i] = blk_start[e + 1]
+                cq[i] = blk_maxq[e] if default_params else np.float32(blk_maxtf[e]) * cache[blk_minnorm[e]]
+                total += _bound(weights[i], cq[i])
                 present += 1
-            else:
-                ent[i] = -1
-                bounds[i] = 0.0
         if present == 0:
             continue
-        heap_full = hn == k
-        heap_theta = hs[0] if heap_full else np.float32(0.0)
-        if prune and heap_full and np.float32(total * SLACK) <= heap_theta:
+        if prune and st[1] != 0 and np.float32(total * slack) <= key_score(st[1]):
             continue  # no document of this block can beat the k-th score so far
-        n_t = 0
-        if not prune or not exact_sum or present == 1:
+        while True:
+            first = block_size
             for i in range(nq):
-                if ent[i] >= 0:
-                    n_t = score_entry(postings, blk_start[ent[i]], blk_start[ent[i] + 1], weights[i], cache, norms,
-                                       base, acc, touched, n_t, shift, mask)
-            hn = flush_block(acc, touched, n_t, base, hs, hd, hn, k)
-            continue
-        order = np.argsort(-bounds)
-        remaining[nq - 1] = 0.0
-        for i in range(nq - 2, -1, -1):
-            remaining[i] = remaining[i + 1] + bounds[order[i + 1]]
-        seen = 0.0
-        i = 0
-        switched = False
-        while i < present:
-            j = order[i]
-            n_t = score_entry(postings, blk_start[ent[j]], blk_start[ent[j] + 1], weights[j], cache, norms, base,
-                               acc, touched, n_t, shift, mask)
-            seen += bounds[j]
-            i += 1
-            if i == present:
+                if pos[i] < pend[i]:
+                    first = min(first, np.int64(postings[pos[i]] >> shift))
+            if first == block_size:
                 break
-            rest = remaining[i - 1] * SLACK
-            # An unseen document scores at most `rest`: it cannot enter if that is not above the heap's k-th
-            # score, nor if k documents of this block already score above it.
-            if heap_full and np.float32(rest) <= heap_theta:
-                switched = True
-                break
-            if n_t >= k and rest < seen and count_above(acc, touched, n_t, rest, k):
-                switched = True
-                break
-        if not switched:
-            hn = flush_block(acc, touched, n_t, base, hs, hd, hn, k)
-            continue
-        n_c = n_t
-        src = touched
-        is_sorted = False
-        while i < present:
-            local_theta = kth_largest(acc, src, n_c, k)
-            n_c = prune_candidates(acc, src, n_c, remaining[i - 1] * SLACK, local_theta, heap_full, heap_theta, cands)
-            src = cands
-            j = order[i]
-            lo = blk_start[ent[j]]
-            hi = blk_start[ent[j] + 1]
-            if n_c * 24 < hi - lo:
-                if not is_sorted:  # pruning keeps the order, so one sort serves every later term
-                    cands[:n_c].sort()
-                    is_sorted = True
-                probe_entry(postings, np.int64(lo), np.int64(hi), weights[j], cache, norms, base, acc, cands, n_c,
-                             shift, mask)
-            else:
-                scan_entry(postings, lo, hi, weights[j], cache, norms, base, acc, shift, mask)
-            i += 1
-        hn = flush_block(acc, src, n_c, base, hs, hd, hn, k)
-    return hn
+            w0 = first - first % window
+            w1 = w0 + window
+            total = 0.0
+            n_w = 0
+            for i in range(nq):
+                wb[i] = 0.0
+                wend[i] = pos[i]
+                if pos[i] == pend[i]:
+                    continue
+                e = ent[i]
+                f0 = np.int64(fine_ptr[e])
+                f = f0 + (pos[i] - np.int64(blk_start[e])) // fine_block
+                fstart = np.int64(blk_start[e]) + (f - f0) * fine_block
+                we, mq = _window_end(postings, fine_maxq, fine_last, pos[i], pend[i], f, np.int64(fine_ptr[e + 1]),
+                                     fstart, fine_block, w1, shift)
+                if we == pos[i]:
+                    continue
+                wend[i] = we
+                wb[i] = _bound(weights[i], mq if default_params else cq[i])
+                total += wb[i]
+                n_w += 1
+            stats[ST_WINDOWS] += 1
+            heap_full = st[1] != 0
+            theta = key_score(st[1]) if heap_full else np.float32(0.0)
+            if prune and heap_full and np.float32(total * slack) <= theta:
+                stats[ST_SKIPPED] += 1
+                for i in range(nq):
+                    stats[ST_SKIPPED_POSTINGS] += wend[i] - pos[i]
+                    pos[i] = wend[i]
+                continue
+            n_t = 0
+            canonical = not prune or not exact_sum or n_w == 1 or not heap_full
+            # MaxScore: terms by decreasing window bound; the essential ones are those before the first term from
+            # which the remaining bounds sum to no more than the k-th score (all of them in the canonical order).
+            n_o = 0
+            for i in range(nq):
+                if wend[i] > pos[i]:
+                    j = n_o
+                    while j > 0 and not canonical and wb[order[j - 1]] < wb[i]:
+                        order[j] = order[j - 1]
+                        j -= 1
+                    order[j] = i
+                    n_o += 1
+            remaining[n_o - 1] = 0.0
+            for j in range(n_o - 2, -1, -1):
+                remaining[j] = remaining[j + 1] + wb[order[j + 1]]
+            m_ess = n_o
+            if not canonical:
+                m_ess = 1
+                while m_ess < n_o and np.float32(remaining[m_ess - 1] * slack) > theta:
+                    m_ess += 1
+            # The norms are read at random by the scoring: with enough postings to score, fetch the window's norms
+            # as one stream first (a query after other work would otherwise wait on a miss for most of them).
+            to_score = 0
+            for j in range(m_ess):
+                to_score += wend[order[j]] - pos[order[j]]
+            if prefetch_norms and to_score * 2 * LINE >= window:
+                for d in range(base + w0, min(base + w1, norms.size), LINE):
+                    prefetch(norms, d)
+            for j in range(m_ess):
+                i = order[j]
+                n_t = score_entry(postings, pos[i], wend[i], weights[i], cache, norms, base, w0, acc, live, touched,
+                                  n_t, shift, mask)
+            stats[ST_SCORED] += to_score
+            m = m_ess
+            stats[ST_CANDIDATES] += n_t
+            src = touched
+            n_c = n_t
+            is_sorted = False
+            pruned = False  # src is cands (else touched)
+            while m < n_o:
+                i = order[m]
+                lo = pos[i]
+                hi = wend[i]
+                # A pruning pass costs about what a scan of as many postings does: prune when the term has more
+                # postings in the window than there are candidates (it may then be probed); the flush drops the
+                # rest (their scores are complete: a scan adds to every doc still in the accumulator).
+                if hi - lo > n_c:
+                    n_c = prune_candidates(acc, live, src, n_c, remaining[m - 1] * slack, theta, cands)
+                    src = cands
+                    pruned = True
+                    if n_c == 0:
+                        break
+                if n_c * probe_ratio < hi - lo:
+                    if not is_sorted:  # pruning keeps the order, so one sort serves every later term
+                        if not pruned:
+                            cands[:n_c] = touched[:n_c]
+                            src = cands
+                            pruned = True
+                        cands[:n_c].sort()
+                        is_sorted = True
+                    e = ent[i]
+                    f0 = np.int64(fine_ptr[e])
+                    f = f0 + (lo - np.int64(blk_start[e])) // fine_block
+                    probe_entry(postings, lo, hi, fine_last, f, np.int64(blk_start[e]) + (f - f0) * fine_block,
+                                fine_block, weights[i], cache, norms, base, w0, acc, cands, n_c, shift, mask)
+                    stats[ST_PROBES] += n_c
+                else:
+                    scan_entry(postings, lo, hi, weights[i], cache, norms, base, w0, acc, live, shift, mask)
+                    stats[ST_SCANNED] += hi - lo
+                m += 1
+            for j in range(n_o):
+                pos[order[j]] = wend[order[j]]
+            stats[ST_FLUSHED] += n_c
+            flush_block(acc, live, src, n_c, base + w0, buf, st, k, stats, ST_PUSHES)

@@ -1,6 +1,7 @@
-"""CPU selection stage (numba): the running top-k heap of a query, a block's k-th score and its candidate pruning.
+"""CPU selection stage (numba): the running top-k heap of a query and the pruning of a window's candidates.
 
-The heap is a min-heap on (score, -docid): a later document (larger docid) enters only strictly above the k-th.
+The top-k is kept as u64 keys packing (score, docid) (``heap_key``): one integer compare applies the tie rule,
+and a later document (larger docid) enters only strictly above the k-th score.
 """
 from __future__ import annotations
 
@@ -8,138 +9,121 @@ import numpy as np
 from numba import njit
 
 
-@njit(nogil=True, cache=True)
-def _sift_down(hs, hd, n, i):
-    # Min-heap on (score asc, docid desc): the root is the worst of the kept top-k.
-    while True:
-        left = 2 * i + 1
-        if left >= n:
-            return
-        r = left + 1
-        m = left
-        if r < n and (hs[r] < hs[left] or (hs[r] == hs[left] and hd[r] > hd[left])):
-            m = r
-        if hs[m] < hs[i] or (hs[m] == hs[i] and hd[m] > hd[i]):
-            hs[i], hs[m] = hs[m], hs[i]
-            hd[i], hd[m] = hd[m], hd[i]
-            i = m
+LOW32 = np.uint64(0xFFFFFFFF)
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def heap_key(s, d):
+    """One u64 ordering (score, docid) by the tie rule: score ascending, then docid descending. Scores are
+    positive f32 values, whose bits order as integers; docids are below 2^32."""
+    return (np.uint64(np.float32(s).view(np.uint32)) << np.uint64(32)) | (LOW32 - np.uint64(d))
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def key_score(key):
+    return np.uint32(key >> np.uint64(32)).view(np.float32)
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def key_doc(key):
+    return np.int64(LOW32 - (key & LOW32))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def select_top(buf, n, k):
+    """Reorder ``buf[:n]`` (distinct keys, n >= k) so that ``buf[:k]`` holds the k largest; returns the k-th
+    largest (quickselect, Hoare partition)."""
+    lo, hi = 0, n - 1
+    kk = k - 1
+    while lo < hi:
+        pivot = buf[(lo + hi) >> 1]
+        i, j = lo, hi
+        while i <= j:
+            while buf[i] > pivot:
+                i += 1
+            while buf[j] < pivot:
+                j -= 1
+            if i <= j:
+                buf[i], buf[j] = buf[j], buf[i]
+                i += 1
+                j -= 1
+        if kk <= j:
+            hi = j
+        elif kk >= i:
+            lo = i
         else:
-            return
+            break
+    m = buf[0]
+    for t in range(1, k):
+        m = min(m, buf[t])
+    return m
 
 
-@njit(nogil=True, cache=True)
-def _heap_push(hs, hd, n, k, s, d):
-    """Offer (score s, docid d) to the top-k heap of size n; returns the new size."""
-    if n < k:
-        j = n
-        hs[j] = s
-        hd[j] = d
-        n += 1
-        while j > 0:
-            p = (j - 1) >> 1
-            if hs[j] < hs[p] or (hs[j] == hs[p] and hd[j] > hd[p]):
-                hs[j], hs[p] = hs[p], hs[j]
-                hd[j], hd[p] = hd[p], hd[j]
-                j = p
-            else:
-                break
-    elif s > hs[0] or (s == hs[0] and d < hd[0]):
-        hs[0] = s
-        hd[0] = d
-        _sift_down(hs, hd, n, 0)
-    return n
+@njit(nogil=True, cache=True, error_model="numpy")
+def topk_sorted(buf, st, k):
+    """The kept top-k (docids, f32 scores), best first: score descending, then docid ascending."""
+    n = np.int64(st[0])
+    if n > k:
+        select_top(buf, n, k)
+        n = k
+    keys = np.sort(buf[:n])
+    docs = np.empty(n, dtype=np.int64)
+    scores = np.empty(n, dtype=np.float32)
+    for j in range(n):
+        scores[j] = key_score(keys[n - 1 - j])
+        docs[j] = key_doc(keys[n - 1 - j])
+    return docs, scores
 
 
-@njit(nogil=True, cache=True)
-def heap_sorted(hs, hd, n, out_docs, out_scores):
-    """Empty the heap into ``out_*`` best first (score desc, docid asc); returns n."""
-    for j in range(n - 1, -1, -1):
-        out_scores[j] = hs[0]
-        out_docs[j] = hd[0]
-        hs[0] = hs[j]
-        hd[0] = hd[j]
-        _sift_down(hs, hd, j, 0)
-    return n
+@njit(nogil=True, cache=True, error_model="numpy")
+def flush_block(acc, live, idx, n, base, buf, st, k, stats, st_pushes):
+    """Offer a window's accumulated docs (offsets from docid ``base``) to the top-k buffer and zero the
+    accumulator and the live marks; counts the docs kept in ``stats[st_pushes]``.
 
-
-@njit(nogil=True, cache=True)
-def flush_block(acc, idx, n, base, hs, hd, hn, k):
-    """Move a block's accumulated docs into the heap (f32 scores) and zero the accumulator."""
-    for i in range(n):
-        off = idx[i]
-        s = np.float32(acc[off])
+    The buffer (``buf``, 2k keys; ``st`` = [keys held, threshold key]) takes any key above the threshold; when
+    it first holds k keys, and whenever it is full, it is cut back to its k largest and the threshold becomes
+    the k-th largest: appending is O(1) and each cut O(k) per k keys, against O(log k) scattered compares per
+    insertion into a heap, at the price of a threshold that rises by steps."""
+    pushes = 0
+    held = st[0]
+    thr = st[1]
+    size = np.uint64(buf.size)
+    uk = np.uint64(k)
+    for i in range(np.uint64(n)):
+        off = np.uint64(idx[i])
+        key = heap_key(np.float32(acc[off]), base + np.int64(off))
         acc[off] = 0.0
-        # Most docs lose to the heap's root: test here, as a call per doc costs more than the test.
-        if hn < k or s > hs[0] or (s == hs[0] and base + off < hd[0]):
-            hn = _heap_push(hs, hd, hn, k, s, base + off)
-    return hn
+        live[off] = 0
+        if key > thr:
+            buf[held] = key
+            held += np.uint64(1)
+            pushes += 1
+            if held == size or (held == uk and thr == 0):
+                thr = select_top(buf, np.int64(held), k)
+                held = uk
+    st[0] = held
+    st[1] = thr
+    stats[st_pushes] += pushes
 
 
-@njit(nogil=True, cache=True)
-def count_above(acc, idx, n, bound, k):
-    """True when at least k of the docs have an f32 partial score strictly above f32(bound)."""
-    b = np.float32(bound)
-    c = 0
-    for i in range(n):
-        if np.float32(acc[idx[i]]) > b:
-            c += 1
-            if c >= k:
-                return True
-    return False
+@njit(nogil=True, cache=True, error_model="numpy")
+def prune_candidates(acc, live, src, n_src, remaining, theta, cands):
+    """Keep the docs of ``src`` that can still enter the full top-k (order kept); zero the others (``acc`` and
+    ``live``).
 
-
-@njit(nogil=True, cache=True, inline="always")
-def _sift_min(h, n, i):
-    while True:
-        m = 2 * i + 1
-        if m >= n:
-            return
-        if m + 1 < n and h[m + 1] < h[m]:
-            m += 1
-        if h[m] < h[i]:
-            h[i], h[m] = h[m], h[i]
-            i = m
-        else:
-            return
-
-
-@njit(nogil=True, cache=True)
-def kth_largest(acc, idx, n, k):
-    """k-th largest of ``acc[idx[:n]]`` (0 when n < k), by one pass with a k-sized min-heap: most values
-    lose to the root at once, so this is about one comparison a doc (a partition would copy all n)."""
-    if n < k:
-        return 0.0
-    h = np.empty(k, dtype=np.float64)
-    for i in range(k):
-        h[i] = acc[idx[i]]
-    for i in range(k // 2 - 1, -1, -1):
-        _sift_min(h, k, i)
-    for i in range(k, n):
-        v = acc[idx[i]]
-        if v > h[0]:
-            h[0] = v
-            _sift_min(h, k, 0)
-    return h[0]
-
-
-@njit(nogil=True, cache=True)
-def prune_candidates(acc, src, n_src, remaining, local_theta, heap_full, heap_theta, cands):
-    """Keep the docs of ``src`` that can still enter the top-k (order kept); zero the others.
-
-    Compared after rounding to f32, as final scores are. Against the block's own k-th partial score a tie
-    may still win on docid, so it stays; against the heap (smaller docids) a doc must be strictly above.
+    Compared after rounding to f32, as final scores are. The top-k holds smaller docids only, so a doc must
+    be strictly above its k-th score ``theta``.
     """
-    th = np.float32(local_theta)
-    n = 0
-    for i in range(n_src):
-        off = src[i]
-        ub = np.float32(acc[off] + remaining)
-        if ub >= th and (not heap_full or ub > heap_theta):
-            cands[n] = off
-            n += 1
-        else:
-            acc[off] = 0.0
-    return n
+    n = np.uint64(0)
+    for i in range(np.uint64(n_src)):
+        off = np.uint64(src[i])
+        a = acc[off]
+        keep = np.float32(a + remaining) > theta
+        cands[n] = off  # branch-free: whether a doc survives is unpredictable
+        n += np.uint64(keep)
+        acc[off] = a if keep else 0.0
+        live[off] = keep
+    return np.int64(n)
 
 
 def topk_rows(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

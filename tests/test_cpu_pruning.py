@@ -1,0 +1,134 @@
+"""The cpu backend's dynamic pruning (block-max MaxScore over windows) returns the exhaustive top-k bit for bit.
+
+Real questions (NQ-open test, MS MARCO dev) against real Wikipedia paragraphs (HotpotQA) and ArguAna, indexed with
+small doc blocks and shards; windows as small as 64 docs so that a query crosses many windows, blocks and shards.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from indexer import layout as L
+from indexer.bm25 import QueryTerms, norm_cache, sum_is_exact
+from indexer.reader import IndexReader
+from ragserve.kernels.cpu.backend import CpuBackend, CpuTuning
+from ragserve.kernels.cpu.selection import flush_block, topk_sorted
+from ragserve.retrieval.searcher import Searcher
+from ragserve.topics import read_queries
+from tests.conftest import shared
+
+KS = (1, 10, 100, 1000)
+
+
+def _questions(n: int) -> list[str]:
+    nq = [q.text for q in read_queries(shared("nq-open", "topics.dpr.nq.test.txt"))][:n]
+    ms = [q.text for q in read_queries(shared("msmarco-passage-queries", "topics.msmarco-passage.dev-subset.txt"))][:n]
+    return nq + ms
+
+
+def _compare(index_path, texts, tuning: CpuTuning, ks=KS, k1=None, b=None) -> tuple[int, int, int]:
+    """(pairs compared, postings scored pruned, postings scored exhaustive); asserts every pair is equal."""
+    s = Searcher(index_path, threads=1)
+    ix = s.index
+    k1 = ix.k1 if k1 is None else k1
+    b = ix.b if b is None else b
+    pruned = CpuBackend(ix, threads=1, tuning=tuning)
+    full = CpuBackend(ix, threads=1, prune=False)
+    n = scored = scored_full = 0
+    for text in texts:
+        q = s.analyze(text)
+        if not len(q):
+            continue
+        for k in ks:
+            a, st = pruned.search_with_stats(q, k, k1, b)
+            e, st_full = full.search_with_stats(q, k, k1, b)
+            assert a.same_as(e), (text, k)
+            n += 1
+            scored += st["scored"]
+            scored_full += st_full["scored"]
+    return n, scored, scored_full
+
+
+@pytest.mark.parametrize("window", [64, 1024])
+def test_pruned_equals_exhaustive_on_real_questions_hotpot(hotpot_index, window):
+    n, scored, scored_full = _compare(hotpot_index, _questions(150), CpuTuning(window=window))
+    assert n >= 4 * 290
+    assert scored < scored_full  # the pruning did skip postings
+
+
+def test_pruned_equals_exhaustive_on_real_questions_arguana(arguana_index):
+    n, scored, scored_full = _compare(arguana_index, _questions(100), CpuTuning(window=256, probe_ratio=4))
+    assert n >= 4 * 190
+    assert scored < scored_full
+
+
+def test_pruned_equals_exhaustive_with_other_k1_b(hotpot_index):
+    # The fine bounds hold for the layout's k1 and b only: other parameters fall back to the block entries' bounds.
+    _compare(hotpot_index, _questions(60), CpuTuning(window=128), ks=(10, 1000), k1=1.2, b=0.75)
+
+
+def test_index_without_fine_bounds_gives_the_same_results(hotpot_index, tmp_path):
+    """An index written before the fine bounds (or by scripts/synth_layout.py) gets them derived at open."""
+    old = tmp_path / "old"
+    shutil.copytree(hotpot_index, old)
+    m = json.loads((old / L.MANIFEST).read_text())
+    del m["layout"]["fine_block"]
+    for sh in m["shards"]:
+        for name in L.FINE_FILES:
+            (old / sh["dir"] / name).unlink()
+            del m["files"][f"{sh['dir']}/{name}"]
+    (old / L.MANIFEST).write_text(json.dumps(m))
+    new_ix, old_ix = IndexReader(hotpot_index), IndexReader(old)
+    assert old_ix.fine_block is None and old_ix.shards[0].fine_ptr is None
+    a_be, b_be = CpuBackend(new_ix, threads=1), CpuBackend(old_ix, threads=1)
+    for (_, a), (_, b) in zip(a_be._shards, b_be._shards):
+        for name in ("fine_ptr", "fine_maxq", "fine_last"):
+            assert np.array_equal(a[name], b[name]), name
+    s = Searcher(hotpot_index, threads=1)
+    for text in _questions(20):
+        q = s.analyze(text)
+        if len(q):
+            assert a_be.search_terms([q], 50, 0.9, 0.4)[0].same_as(b_be.search_terms([q], 50, 0.9, 0.4)[0])
+
+
+def test_order_dependent_sums_take_the_canonical_order(hotpot_index):
+    """Weights so far apart that the f64 sum of the term scores depends on the order (``sum_is_exact`` fails):
+    terms are added in ascending term id, and only whole windows are skipped."""
+    ix = IndexReader(hotpot_index)
+    df = np.asarray(ix.df)
+    common = np.argsort(-df)[:4].astype(np.uint32)
+    term_ids = np.sort(common)
+    weights = np.array([3.0e7, 1.0e-3, 2.5, 7.0e4], dtype=np.float32)
+    assert not sum_is_exact(weights, float(norm_cache(ix.k1, ix.b, ix.avgdl).min()))
+    q = QueryTerms(term_ids=term_ids, boosts=np.ones(4, np.float32), weights=weights)
+    pruned, full = CpuBackend(ix, threads=1, tuning=CpuTuning(window=64)), CpuBackend(ix, threads=1, prune=False)
+    for k in KS:
+        assert pruned.search_terms([q], k, ix.k1, ix.b)[0].same_as(full.search_terms([q], k, ix.k1, ix.b)[0])
+
+
+def test_topk_buffer_keeps_the_k_best_by_the_tie_rule():
+    """flush_block / topk_sorted against a sort: score descending, then docid ascending, with many equal scores."""
+    rng = np.random.default_rng(1)
+    for k in (1, 3, 10, 100):
+        buf = np.empty(2 * k, np.uint64)
+        st = np.zeros(2, np.uint64)
+        stats = np.zeros(2, np.int64)
+        seen = []
+        base = 0
+        for _ in range(40):  # windows of docs in docid order, offered in a shuffled order within each window
+            n = int(rng.integers(0, 60))
+            scores = rng.integers(1, 6, n).astype(np.float64) / 4  # few distinct values: ties everywhere
+            offs = rng.permutation(64)[:n].astype(np.int64)
+            acc = np.zeros(64)
+            acc[offs] = scores
+            live = (acc != 0).astype(np.uint8)
+            flush_block(acc, live, offs, n, base, buf, st, k, stats, 0)
+            assert not acc.any() and not live.any()
+            seen += [(float(np.float32(sc)), base + int(o)) for sc, o in zip(scores, offs)]
+            base += 64
+        docs, out = topk_sorted(buf, st, k)
+        want = sorted(seen, key=lambda x: (-x[0], x[1]))[:k]
+        assert [(float(s), int(d)) for s, d in zip(out, docs)] == want
