@@ -15,6 +15,25 @@ own (``ru_maxrss`` of the process and of its largest child, e.g. ragserve's inde
 
     .venv/bin/python scripts/bench_search.py --corpus ../shared/data/beir-arguana/corpus.jsonl.gz \\
         --queries ../shared/data/beir-arguana/queries.jsonl.gz --name arguana
+
+Realistic mode (``--realistic N``): N passages spelled with real Wikipedia vocabulary (``tools/peers/realcorpus``)
+queried with held-out real questions (NQ-open test, MS MARCO dev), at k = 10, 100 and 1000:
+- each engine builds its index in its own process on every core (timed, as above; ``--reuse`` keeps indexes
+  built by an earlier run, with their times);
+- then ONE process pinned to one core opens every engine and times them interleaved: for each repetition and
+  each k, the questions are cut into runs of ``--run-length``; every engine variant (``engines.Engine.variants``)
+  answers a run, one variant after the other in an order rotated per run. Within a run an engine answers
+  consecutive different questions, as a search server would (its code stays in the core's caches, each new
+  question's postings mostly not), and runs are short, so the load of a shared machine falls on all alike;
+  per question the median over repetitions, then percentiles; wall time and the calling thread's CPU time;
+- in the same process, ragserve's pruned top-k is checked against its exhaustive run (docids and f32 score
+  bits) on every query at every k, and its work is counted per query (postings scored, scanned, probed) against
+  the exhaustive run's, overall and per query class (short: <= 3 terms, long: >= 8 terms, common-term: a term
+  in >= 5% of the passages).
+Peers missing here are reported, not installed (``tools/peers/install_peers.sh`` installs PISA and tantivy apart).
+
+    RAGSERVE_PEERS_SITE=/tmp/peers .venv/bin/python scripts/bench_search.py --realistic 1000000 \\
+        --json benchmarks/search_realistic.json
 """
 from __future__ import annotations
 
@@ -34,6 +53,8 @@ from tools.peers import engines as E  # noqa: E402
 
 ORDER = ["ragserve", "pyserini", "bm25s", "bm25s-ours", "pisa", "tantivy", "rank-bm25"]
 AGREE_QUERIES = 200
+REALISTIC_ENGINES = "ragserve,bm25s,pyserini,pisa,tantivy"
+QUERY_SETS = ("nq", "msmarco")
 
 
 def _docs(corpus: Path):
@@ -175,10 +196,272 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(rows + [""] + notes)
 
 
+
+# ---- realistic mode ---------------------------------------------------------------------------------------------
+
+def _realistic_corpus(args: argparse.Namespace) -> tuple[Path, dict]:
+    """The realistic corpus of ``args.realistic`` passages, generated once into the work folder (not timed)."""
+    from tools.peers import realcorpus
+
+    corpus = args.workdir / f"realistic-{args.realistic}-seed{args.seed}.jsonl"
+    facts_path = corpus.with_name(corpus.name + ".facts.json")
+    if not corpus.is_file() or not facts_path.is_file():
+        t0 = time.perf_counter()
+        facts = realcorpus.write_corpus(corpus, args.realistic, seed=args.seed)
+        facts["generate_s"] = round(time.perf_counter() - t0, 1)
+        facts_path.write_text(json.dumps(facts, indent=1))
+        print(f"  corpus: {args.realistic:,} passages in {facts['generate_s']} s", file=sys.stderr, flush=True)
+    return corpus, json.loads(facts_path.read_text())
+
+
+def _build_engine(args: argparse.Namespace, name: str, corpus: Path) -> dict:
+    """Build one engine's index in its own process (all cores); kept for the search phase."""
+    meta = args.workdir / f"{corpus.stem}-{name}.build.json"
+    index_dir = args.workdir / f"{corpus.stem}-{name}"
+    if args.reuse and meta.is_file() and index_dir.exists():
+        return json.loads(meta.read_text())
+    cmd = [sys.executable, __file__, "--worker", name, "--phase", "build", "--corpus", str(corpus),
+           "--queries", str(corpus), "--name", corpus.stem, "--workdir", str(args.workdir)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        return {"engine": name, "error": f"build failed (exit {p.returncode}): {' | '.join(tail)}"}
+    res = json.loads(lines[-1])
+    print(f"  {name} build: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    meta.write_text(json.dumps(res))
+    return res
+
+
+def _summary(ms: "np.ndarray") -> dict:
+    import numpy as np
+
+    return {"p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
+            "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+
+
+def interleaved_worker(args: argparse.Namespace) -> dict:
+    """The search phase of the realistic mode, in this process pinned to one core (module doc)."""
+    import numpy as np
+
+    from tools.peers import realcorpus
+
+    os.sched_setaffinity(0, {args.core})
+    corpus = Path(args.corpus)
+    ks = [int(k) for k in args.ks.split(",")]
+    names = [n for n in args.engines.split(",") if n]
+    queries = {qs: realcorpus.questions(qs, args.per_set) for qs in QUERY_SETS}
+    engines = {}
+    for name in names:
+        eng = E.ENGINES[name]()
+        t0 = time.perf_counter()
+        eng.open(args.workdir / f"{corpus.stem}-{name}")
+        engines[name] = eng
+        print(f"  {name} open: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    entries = [(label, name, prep, run) for name, eng in engines.items() for label, prep, run in eng.variants()]
+    prepared = {label: {qs: [prep(q) for q in queries[qs]] for qs in QUERY_SETS} for label, _, prep, _ in entries}
+    t0 = time.perf_counter()
+    for label, _, _, run in entries:  # JIT compilers (numba, the JVM's) and caches
+        for k in ks:
+            for qs in QUERY_SETS:
+                for p in prepared[label][qs][:args.warmup]:
+                    run(p, k)
+    print(f"  warm-up: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    lat = {label: {qs: np.zeros((len(ks), args.repeat, len(queries[qs]))) for qs in QUERY_SETS}
+           for label, _, _, _ in entries}
+    cpu = {label: {qs: np.zeros((len(ks), args.repeat, len(queries[qs]))) for qs in QUERY_SETS}
+           for label, _, _, _ in entries}
+    t0 = time.perf_counter()
+    for rep in range(args.repeat):
+        for ki, k in enumerate(ks):
+            for qs in QUERY_SETS:
+                for c0 in range(0, len(queries[qs]), args.run_length):
+                    rot = (c0 // args.run_length + rep) % len(entries)
+                    for label, _, _, run in entries[rot:] + entries[:rot]:
+                        for qi in range(c0, min(c0 + args.run_length, len(queries[qs]))):
+                            p = prepared[label][qs][qi]
+                            c1 = time.thread_time()
+                            t1 = time.perf_counter()
+                            run(p, k)
+                            lat[label][qs][ki, rep, qi] = time.perf_counter() - t1
+                            cpu[label][qs][ki, rep, qi] = time.thread_time() - c1
+        print(f"  repetition {rep + 1}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    out: dict = {"ks": ks, "repeat": args.repeat, "warmup": args.warmup, "core": args.core,
+                 "run_length": args.run_length,
+                 "queries": {qs: len(v) for qs, v in queries.items()}, "labels": [e[0] for e in entries],
+                 "engine_of": {e[0]: e[1] for e in entries}, "search": {}}
+    per_query = {}  # label -> set -> [k, query] median ms
+    out["cpu"] = {}  # the same from the calling thread's CPU time: every engine answers in the calling thread,
+    # so this is its time without the waits that other jobs of a shared machine impose
+    for label in lat:
+        per_query[label] = {qs: np.median(lat[label][qs], axis=1) * 1e3 for qs in QUERY_SETS}
+        out["search"][label] = {qs: {str(k): _summary(per_query[label][qs][ki]) for ki, k in enumerate(ks)}
+                                for qs in QUERY_SETS}
+        med = {qs: np.median(cpu[label][qs], axis=1) * 1e3 for qs in QUERY_SETS}
+        out["cpu"][label] = {qs: {str(k): _summary(med[qs][ki]) for ki, k in enumerate(ks)} for qs in QUERY_SETS}
+    if "ragserve" in engines:
+        out.update(_ragserve_checks(engines["ragserve"], queries, prepared, ks, per_query))
+    agree = {}
+    if "ragserve" in engines:
+        base = {qs: [engines["ragserve"].ids(engines["ragserve"].search(q, 10))[:10]
+                     for q in queries[qs][:AGREE_QUERIES]] for qs in QUERY_SETS}
+        for name, eng in engines.items():
+            top = {qs: [eng.ids(eng.search(q, 10))[:10] for q in queries[qs][:AGREE_QUERIES]] for qs in QUERY_SETS}
+            agree[name] = {qs: agreement(top[qs], base[qs]) for qs in QUERY_SETS}
+    out["agree_at_10"] = agree
+    return out
+
+
+def _ragserve_checks(eng, queries: dict, prepared: dict, ks: list[int], per_query: dict) -> dict:
+    """Pruned against exhaustive on every query and k (docids and score bits), the work counts, and the query
+    classes with every engine's p50 in each."""
+    import numpy as np
+
+    from ragserve.kernels.cpu.backend import CpuBackend
+
+    searcher = eng.searcher
+    ix = searcher.index
+    pruned = searcher.backend
+    full = CpuBackend(ix, threads=1, prune=False)
+    df = np.asarray(ix.df)
+    label = "ragserve (analysed query)"
+    checks = {"compared": 0, "mismatches": 0, "mismatched": []}
+    work: dict = {}
+    classes: dict = {}
+    for qs in QUERY_SETS:
+        terms = prepared[label][qs]
+        cls = {"all": [], "short": [], "long": [], "common-term": []}
+        for qi, t in enumerate(terms):
+            cls["all"].append(qi)
+            if 0 < len(t) <= 3:
+                cls["short"].append(qi)
+            if len(t) >= 8:
+                cls["long"].append(qi)
+            if len(t) and int(df[t.term_ids].max()) >= 0.05 * ix.doc_count:
+                cls["common-term"].append(qi)
+        stats = {}
+        for ki, k in enumerate(ks):
+            rows = []
+            for qi, t in enumerate(terms):
+                a, st = pruned.search_with_stats(t, k, ix.k1, ix.b)
+                b, st_full = full.search_with_stats(t, k, ix.k1, ix.b)
+                checks["compared"] += 1
+                if not a.same_as(b):
+                    checks["mismatches"] += 1
+                    checks["mismatched"].append([qs, qi, k])
+                rows.append([st[n] for n in _STATS] + [st_full["scored"], st_full["flushed"]])
+            stats[k] = np.asarray(rows, dtype=np.float64)
+        for c, members in cls.items():
+            idx = np.asarray(members, dtype=np.int64)
+            entry = {"queries": len(members)}
+            if len(members):
+                entry["terms_mean"] = float(np.mean([len(terms[i]) for i in members]))
+                entry["p50_ms"] = {lab: {str(k): float(np.median(per_query[lab][qs][ki][idx])) for ki, k in enumerate(ks)}
+                                   for lab in per_query}
+                entry["work_mean"] = {str(k): dict(zip(_STATS + ["exhaustive_scored", "exhaustive_flushed"],
+                                                       (float(x) for x in stats[k][idx].mean(axis=0))))
+                                      for k in ks}
+            classes.setdefault(qs, {})[c] = entry
+    return {"exactness": checks, "classes": classes}
+
+
+_STATS = ["scored", "scanned", "probes", "candidates", "windows", "skipped_windows", "skipped_postings", "flushed",
+          "pushes"]
+
+
+def realistic_table(res: dict) -> str:
+    """Markdown: p50 ms per engine variant at each k for each query set, and the build time."""
+    ks = res["search"]["ks"]
+    lines = []
+    for qs in QUERY_SETS:
+        n = res["search"]["queries"][qs]
+        head = "| engine (one core, %d %s questions, %s passages) | " % (n, {"nq": "NQ-open", "msmarco": "MS MARCO dev"}[qs],
+                                                                       f"{res['corpus']['docs']:,}")
+        head += " | ".join(f"p50 ms k={k}" for k in ks) + " | " + " | ".join(f"CPU p50 ms k={k}" for k in ks)
+        head += " | index build s (CPU s) |"
+        lines += [head, "|---" * (2 * len(ks) + 2) + "|"]
+        for label in res["search"]["labels"]:
+            r = res["search"]["search"][label][qs]
+            c = res["search"]["cpu"][label][qs]
+            b = res["builds"].get(res["search"]["engine_of"][label], {})
+            build = (f"{b['index_s']:.1f} ({b['index_cpu_s']:.1f})"
+                     if "index_s" in b and label == res["search"]["engine_of"][label] else "")
+            lines.append(f"| {label} | " + " | ".join(f"{r[str(k)]['p50_ms']:.3f}" for k in ks) + " | "
+                         + " | ".join(f"{c[str(k)]['p50_ms']:.3f}" for k in ks) + f" | {build} |")
+        lines.append("")
+    ex = res["search"].get("exactness")
+    if ex:
+        lines.append(f"ragserve pruned = exhaustive (docids and f32 score bits): {ex['compared'] - ex['mismatches']}"
+                     f" of {ex['compared']} (query, k) pairs; mismatches: {ex['mismatches']}")
+    return "\n".join(lines)
+
+
+def realistic_main(args: argparse.Namespace) -> int:
+    import platform
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    corpus, facts = _realistic_corpus(args)
+    res: dict = {"corpus": facts, "machine": {"cpu": _cpu_model(), "cores": E.cpu_count(),
+                                              "python": platform.python_version(),
+                                              "load_at_start": os.getloadavg()},
+                 "builds": {}, "missing": {}}
+    usable = []
+    for name in names:
+        ok, why = E.available(name)
+        if not ok:
+            res["missing"][name] = why
+            continue
+        b = _build_engine(args, name, corpus)
+        res["builds"][name] = b
+        if "error" in b:
+            res["missing"][name] = b["error"]
+        else:
+            usable.append(name)
+    cmd = [sys.executable, __file__, "--interleaved-worker", "--corpus", str(corpus), "--workdir", str(args.workdir),
+           "--engines", ",".join(usable), "--ks", args.ks, "--repeat", str(args.repeat), "--per-set",
+           str(args.per_set), "--warmup", str(args.warmup), "--core", str(args.core), "--queries", str(corpus),
+           "--run-length", str(args.run_length)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode != 0 or not lines:
+        print(f"search phase failed (exit {p.returncode})", file=sys.stderr)
+        return 1
+    res["search"] = json.loads(lines[-1])
+    res["machine"]["load_at_end"] = os.getloadavg()
+    table = realistic_table(res)
+    print(table)
+    for name, why in res["missing"].items():
+        print(f"- {name}: not measured ({why})")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", type=Path, required=True, help="JSONL corpus (BEIR or id/title/text), .gz allowed")
-    ap.add_argument("--queries", type=Path, required=True, help="queries (TSV id<TAB>text or BEIR/JSONL)")
+    ap.add_argument("--corpus", type=Path, help="JSONL corpus (BEIR or id/title/text), .gz allowed")
+    ap.add_argument("--queries", type=Path, help="queries (TSV id<TAB>text or BEIR/JSONL)")
+    ap.add_argument("--realistic", type=int, metavar="N", help="realistic mode: N generated passages (module doc)")
+    ap.add_argument("--seed", type=int, default=0, help="realistic corpus seed")
+    ap.add_argument("--reuse", action="store_true", help="realistic mode: keep indexes built by an earlier run")
+    ap.add_argument("--ks", default="10,100,1000", help="realistic mode: the k values")
+    ap.add_argument("--repeat", type=int, default=3, help="realistic mode: timed passes over the queries")
+    ap.add_argument("--per-set", type=int, default=500, help="realistic mode: questions of each set")
+    ap.add_argument("--core", type=int, default=1, help="realistic mode: the core the search phase runs on")
+    ap.add_argument("--run-length", type=int, default=10, help="realistic mode: questions an engine answers in a row")
+    ap.add_argument("--interleaved-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--name", default="bench", help="label for this corpus")
     ap.add_argument("--engines", default=",".join(ORDER), help=f"comma-separated subset of {','.join(ORDER)}")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/ragserve-bench"))
@@ -192,9 +475,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase", choices=["build", "search", "all"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
+    if args.interleaved_worker:
+        print(json.dumps(interleaved_worker(args)))
+        return 0
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
+    if args.realistic is not None:
+        if args.realistic < 1:
+            ap.error("--realistic needs a positive number of passages")
+        if args.engines == ",".join(ORDER):
+            args.engines = REALISTIC_ENGINES
+        return realistic_main(args)
+    if args.corpus is None or args.queries is None:
+        ap.error("--corpus and --queries are required (or --realistic N)")
     for p in (args.corpus, args.queries):
         if not p.is_file():
             ap.error(f"{p}: no such file")

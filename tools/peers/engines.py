@@ -5,26 +5,36 @@ as Anserini's BEIR flat index does) into a directory, and later opens it to answ
 what the engine natively returns for a query (the timed part); ``ids`` turns that into external document ids
 (not timed, for the agreement check).
 
-- ``ragserve``: this project's CPU backend (``Searcher(backend="cpu")``), Lucene-exact BM25.
+- ``ragserve``: this project's CPU backend (``Searcher(backend="cpu")``: its analyzer, then the backend), Lucene-exact
+  BM25; ``search`` returns ranked internal ids and scores.
 - ``pyserini``: pyserini 1.6.0 ``LuceneSearcher`` (Anserini SimpleSearcher over Lucene 9.9.1), indexed with
   Anserini's ``IndexCollection`` (BEIR flat collection, ``-threads``).
 - ``bm25s``: bm25s 0.3.16 with its numba backend and its own tokenizer (English stopwords, Snowball English
   stemmer), method "lucene"; ``bm25s-ours`` gets the token lists of this project's analyzer instead.
-- ``pisa``: PISA through pyterrier-pisa 0.4.9 (porter2, Lucene's stopwords, block-max WAND), queried through its
-  C++ ``retrieve`` directly (the pyterrier transformer adds pandas overhead per call).
+- ``pisa``: PISA through pyterrier-pisa 0.4.9's C++ extension ``_pisathon`` called directly (porter2, Lucene's
+  stopwords, block_simdbp lists with 64-posting block maxima; block-max WAND, and as variants MaxScore and
+  block-max MaxScore on the same index). Without pyterrier installed, the extension
+  and the libtbb.so.2 it links are loaded from ``$RAGSERVE_PEERS_SITE`` (``tools/peers/install_peers.sh``).
 - ``tantivy``: tantivy-py 0.27.0, ``en_stem`` tokenizer, frequencies without positions; its BM25 has fixed
-  k1=1.2, b=0.75.
+  k1=1.2, b=0.75 (also found in ``$RAGSERVE_PEERS_SITE``).
 - ``rank-bm25``: rank-bm25 0.2.2 ``BM25Okapi`` over this project's tokens; in memory only and O(N) per query.
+
+``variants`` lists what an engine can time per query: its ``search`` (query text to ranked ids), and where it has
+them, its scoring alone on a query prepared beforehand (``ragserve``: the cpu backend on the analysed terms;
+``bm25s``: ``retrieve`` on the tokens; ``pyserini``: Lucene's IndexSearcher without the pyserini wrapper, the
+query parsed by Lucene's analyzer inside the call) and other algorithms on the same index (PISA).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pickle
 import re
 import shutil
+import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -59,6 +69,40 @@ class Engine:
     def ids(self, result: Any) -> list[str]:
         raise NotImplementedError
 
+    def variants(self) -> list[tuple[str, Callable[[str], Any], Callable[[Any, int], Any]]]:
+        """(label, prepare a query text (not timed), search a prepared query for its top k (timed))."""
+        return [(self.name, _same, self.search)]
+
+
+def _same(query: str) -> str:
+    return query
+
+
+def peers_site() -> None:
+    """Make the peers installed apart (``$RAGSERVE_PEERS_SITE``: tantivy, PISA's extension) importable, after
+    this environment's own packages."""
+    site = os.environ.get("RAGSERVE_PEERS_SITE")
+    if site and site not in sys.path:
+        sys.path.append(site)
+
+
+def pisathon():
+    """PISA's Python extension: pyterrier-pisa's if that package is installed, else the one in
+    ``$RAGSERVE_PEERS_SITE`` (with the libtbb.so.2 beside it loaded first)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyterrier_pisa") is not None:
+        from pyterrier_pisa import _pisathon
+
+        return _pisathon
+    peers_site()
+    site = os.environ.get("RAGSERVE_PEERS_SITE")
+    if site and Path(site, "libtbb.so.2").is_file():
+        ctypes.CDLL(str(Path(site, "libtbb.so.2")), mode=ctypes.RTLD_GLOBAL)
+    import _pisathon
+
+    return _pisathon
+
 
 class Ragserve(Engine):
     name = "ragserve"
@@ -76,13 +120,24 @@ class Ragserve(Engine):
         self.searcher = Searcher(out, backend="cpu", threads=self.threads)
 
     def search(self, query, k):
-        return self.searcher.search(query, k, with_text=False)
+        # Query text to ranked internal ids and scores, as bm25s, Lucene's IndexSearcher and tantivy return them
+        # (Searcher.search also builds a Hit object with the external id for each).
+        ix = self.searcher.index
+        return self.searcher.backend.search_terms([self.searcher.analyze(query)], k, ix.k1, ix.b)[0]
 
     def batch(self, queries, k):
         return self.searcher.search_batch(queries, k, with_text=False)
 
     def ids(self, result):
-        return [h.id for h in result]
+        if isinstance(result, list):
+            return [h.id for h in result]
+        return [self.searcher.index.external_id(int(d)) for d in result.docids]
+
+    def variants(self):
+        ix = self.searcher.index
+        backend = self.searcher.backend
+        return super().variants() + [("ragserve (analysed query)", self.searcher.analyze,
+                                      lambda terms, k: backend.search_terms([terms], k, ix.k1, ix.b)[0])]
 
 
 class Pyserini(Engine):
@@ -104,7 +159,8 @@ class Pyserini(Engine):
         for f in files:
             f.close()
         try:
-            secs = lucene.index_beir_dir(parts, out, threads=self.threads)
+            # One merged segment, as prebuilt indexes are: Lucene's fastest layout for searching.
+            secs = lucene.index_beir_dir(parts, out, threads=self.threads, optimize=True)
         finally:
             shutil.rmtree(parts, ignore_errors=True)
         return {"index_seconds": secs}
@@ -128,6 +184,9 @@ class Pyserini(Engine):
 
     def ids(self, result):
         return [h.docid for h in result]
+
+    def variants(self):
+        return super().variants() + [("Lucene IndexSearcher", _same, self.search_lucene)]
 
 
 class Bm25s(Engine):
@@ -187,6 +246,11 @@ class Bm25s(Engine):
     def ids(self, result):
         return [self.doc_ids[int(i)] for i, s in zip(result.documents[0], result.scores[0]) if s > 0]
 
+    def variants(self):
+        return super().variants() + [(f"{self.name} (tokenized query)", self.query_tokens,
+                                      lambda toks, k: self.model.retrieve([toks], k=k, n_threads=1,
+                                                                          show_progress=False))]
+
 
 class Bm25sOurs(Bm25s):
     """bm25s scoring the token lists of ragserve's analyzer (Lucene's), for a like-for-like comparison."""
@@ -211,32 +275,47 @@ class Bm25sOurs(Bm25s):
 class Pisa(Engine):
     name = "pisa"
     ALGORITHM = "block_max_wand"
+    ENCODING = "block_simdbp"  # pyterrier-pisa's default
 
     def build(self, docs, out, corpus):
-        import pyterrier_pisa
-
-        index = pyterrier_pisa.PisaIndex(str(out), stemmer="porter2", stops="lucene", threads=self.threads)
-        index.index({"docno": d.id, "text": doc_text(d)} for d in docs)
+        # What PisaIndexer does, without pyterrier: documents as "docno text" lines; then the block-max data and
+        # the compressed lists that the first retrieval context would otherwise build (part of the index).
+        pisa = pisathon()
+        out.mkdir(parents=True)
+        lines = out / "docs.txt"
+        with open(lines, "w", encoding="utf-8") as f:
+            for d in docs:
+                f.write(f"{d.id} {_ONE_LINE.sub(' ', doc_text(d))}\n")
+        pisa.index(str(lines), str(out), "porter2", 100_000, self.threads)
+        lines.unlink()
+        self._context(out)
         return {}
 
-    def open(self, out):
-        import pyterrier_pisa
-        from pyterrier_pisa import _pisathon
+    def _context(self, out: Path):
+        from indexer.analyzer import LUCENE_ENGLISH_STOPWORDS
 
-        self._retrieve = _pisathon.retrieve
-        self.index = pyterrier_pisa.PisaIndex(str(out), threads=self.threads)
-        self.retr = self.index.bm25(k1=K1, b=B)
+        pisa = pisathon()
+        stops = out / "stopwords.lucene.txt"
+        stops.write_text("".join(f"{w}\n" for w in sorted(LUCENE_ENGLISH_STOPWORDS)))
+        ctxt = pisa.RetrievalContext()
+        pisa.prepare_index(ctxt, str(out), self.ENCODING, "bm25", "porter2", bm25_k1=K1, bm25_b=B,
+                           stop_fname=str(stops))
+        return ctxt
+
+    def open(self, out):
+        self._retrieve = pisathon().retrieve
+        self._ctxt = self._context(out)
         self._buffers: dict[int, tuple] = {}
 
-    def _run(self, queries: list[str], k: int, threads: int):
+    def _run(self, queries: list[str], k: int, threads: int, algorithm: str | None = None):
         n = len(queries) * k
         bufs = self._buffers.get(n)
         if bufs is None:
             bufs = self._buffers[n] = (np.empty(n, np.int32), np.empty(n, object), np.empty(n, np.int32),
                                        np.empty(n, np.float32))
-        size = self._retrieve(self.retr._ctxt, self.ALGORITHM, list(enumerate(queries)), k=k, threads=threads,
-                              query_weighted=0, pretokenised=False, result_qidxs=bufs[0], result_docnos=bufs[1],
-                              result_ranks=bufs[2], result_scores=bufs[3])
+        size = self._retrieve(self._ctxt, algorithm or self.ALGORITHM, list(enumerate(queries)), k=k,
+                              threads=threads, query_weighted=0, pretokenised=False, result_qidxs=bufs[0],
+                              result_docnos=bufs[1], result_ranks=bufs[2], result_scores=bufs[3])
         return bufs[0][:size].copy(), bufs[1][:size].copy()
 
     def search(self, query, k):
@@ -248,6 +327,13 @@ class Pisa(Engine):
 
     def ids(self, result):
         return [str(d) for d in result[1]]
+
+    def variants(self):
+        return super().variants() + [(f"pisa {alg}", _same, lambda q, k, alg=alg: self._run([q], k, 1, alg))
+                                     for alg in ("maxscore", "block_max_maxscore")]
+
+
+_ONE_LINE = re.compile(r"[\r\n]+")
 
 
 _NON_WORD = re.compile(r"\W+")
@@ -339,11 +425,21 @@ def available(name: str) -> tuple[bool, str]:
     reported by the engine's own subprocess."""
     import importlib.util
 
-    mod = {"pisa": "pyterrier_pisa", "tantivy": "tantivy", "rank-bm25": "rank_bm25", "bm25s": "bm25s",
+    peers_site()
+    if name == "pisa":
+        try:
+            pisathon()
+        except (ImportError, OSError) as e:
+            return False, f"PISA's extension does not load ({e}); see tools/peers/install_peers.sh"
+        return True, ""
+    mod = {"tantivy": "tantivy", "rank-bm25": "rank_bm25", "bm25s": "bm25s",
            "bm25s-ours": "bm25s", "pyserini": "pyserini", "ragserve": "ragserve"}[name]
     if importlib.util.find_spec(mod) is None:
         return False, f"package {mod} is not installed"
     return True, ""
+
+
+peers_site()
 
 
 def dir_bytes(path: Path) -> int:

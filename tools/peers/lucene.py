@@ -73,8 +73,9 @@ def index_beir(corpus: str | Path, index_dir: str | Path, threads: int = 1, stor
 
 
 def index_beir_dir(input_dir: str | Path, index_dir: str | Path, threads: int = 1,
-                   store_contents: bool = False) -> float:
-    """Index every BEIR JSONL file of ``input_dir`` (IndexCollection runs one thread per file); returns seconds."""
+                   store_contents: bool = False, optimize: bool = False) -> float:
+    """Index every BEIR JSONL file of ``input_dir`` (IndexCollection runs one thread per file); returns seconds.
+    ``optimize`` merges the segments into one (Anserini's ``-optimize``), as prebuilt indexes are."""
     index_dir = Path(index_dir)
     if index_dir.exists():
         raise LuceneError(f"{index_dir} already exists")
@@ -85,6 +86,8 @@ def index_beir_dir(input_dir: str | Path, index_dir: str | Path, threads: int = 
             "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads), "-quiet"]
     if store_contents:
         args.append("-storeContents")
+    if optimize:
+        args.append("-optimize")
     t0 = time.perf_counter()
     autoclass("io.anserini.index.IndexCollection").main(args)
     elapsed = time.perf_counter() - t0
