@@ -1,0 +1,106 @@
+"""A memory bank of segment embeddings resident on one device: insert, top-k recall by inner product, and
+eviction by size (the oldest entry leaves first once ``capacity`` entries are held).
+
+Recall is the kernel library's dense relevancy + selection on the bank's device: ``cpu`` (numpy / BLAS inner
+product, ``cpu.selection.topk_rows``), ``gpu`` (torch on a CUDA device, or any torch device given: the chunked
+``gpu.ip_topk``). Both are exact with one tie rule: equal scores go to the lower slot. ``fpga-sim`` needs an
+inner-product kernel in ``hls_bm25/``; there is none yet, and asking for it says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BACKENDS = ("cpu", "gpu", "fpga-sim")
+
+
+class MemoryBankError(ValueError):
+    """Bad bank settings or input (dimension, capacity, backend)."""
+
+
+@dataclass
+class Recall:
+    """One query's recalled entries, best first: the ids given at insert time and their inner products."""
+
+    ids: np.ndarray  # int64
+    scores: np.ndarray  # float32
+
+
+class MemoryBank:
+    def __init__(self, dim: int, capacity: int, backend: str = "cpu", device: str | None = None) -> None:
+        if dim < 1 or capacity < 1:
+            raise MemoryBankError(f"a memory bank needs dim >= 1 and capacity >= 1, got {dim} and {capacity}")
+        if backend not in BACKENDS:
+            raise MemoryBankError(f"memory backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if backend == "fpga-sim":
+            raise MemoryBankError("the fpga-sim memory bank needs an inner-product kernel in hls_bm25/, and there "
+                                  "is none yet (only BM25 + top-k); use cpu or gpu")
+        self.dim, self.capacity, self.backend = dim, capacity, backend
+        self.count = 0  # entries ever inserted; slot of entry j is j % capacity
+        self.ids = np.full(capacity, -1, dtype=np.int64)
+        if backend == "cpu":
+            self.keys = np.zeros((capacity, dim), dtype=np.float32)
+        else:
+            import torch
+
+            dev = torch.device(device or "cuda")
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                raise MemoryBankError("the gpu memory bank needs a CUDA device; none is usable here")
+            self.device = dev
+            # fp16 on a GPU (half the bytes each recall reads); f32 on torch's CPU device
+            self.keys = torch.zeros((capacity, dim), dtype=torch.float16 if dev.type == "cuda" else torch.float32,
+                                    device=dev)
+
+    def __len__(self) -> int:
+        return min(self.count, self.capacity)
+
+    def _check(self, v: np.ndarray, what: str) -> np.ndarray:
+        v = np.asarray(v, dtype=np.float32)
+        v = v[None] if v.ndim == 1 else v
+        if v.ndim != 2 or v.shape[1] != self.dim:
+            raise MemoryBankError(f"the memory bank holds {self.dim}-dimensional embeddings; {what} have "
+                                  f"{v.shape[-1]} dimensions")
+        return v
+
+    def insert(self, vectors: np.ndarray, ids) -> list[int]:
+        """Store each vector under its id (the order given); returns the ids evicted to make room, oldest first."""
+        v = self._check(vectors, "the inserted vectors")
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size != v.shape[0]:
+            raise MemoryBankError(f"{v.shape[0]} vectors but {ids.size} ids")
+        if v.shape[0] > self.capacity:  # only the last `capacity` would survive their own insert
+            evicted = self.insert(v[:-self.capacity], ids[:-self.capacity])
+            return evicted + self.insert(v[-self.capacity:], ids[-self.capacity:])
+        slots = (self.count + np.arange(v.shape[0])) % self.capacity
+        evicted = [int(i) for i in self.ids[slots] if i >= 0]  # empty slots hold -1
+        self.ids[slots] = ids
+        if self.backend == "cpu":
+            self.keys[slots] = v
+        else:
+            import torch
+
+            self.keys[torch.from_numpy(slots).to(self.device)] = torch.from_numpy(v).to(self.device, self.keys.dtype)
+        self.count += v.shape[0]
+        return evicted
+
+    def recall(self, queries: np.ndarray, k: int) -> list[Recall]:
+        """Top-k entries of each query by inner product (fewer while the bank holds fewer), best first."""
+        q = self._check(queries, "the queries")
+        n = len(self)
+        if k < 1:
+            raise MemoryBankError(f"k must be >= 1, got {k}")
+        if n == 0:
+            return [Recall(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(q.shape[0])]
+        if self.backend == "cpu":
+            from ragserve.kernels.cpu import relevancy, selection
+
+            pos, vals = selection.topk_rows(relevancy.inner_product(q, self.keys[:n]), k)
+        else:
+            import torch
+
+            from ragserve.kernels.gpu.ip_topk import ip_topk
+
+            p, v = ip_topk(torch.from_numpy(q).to(self.device), self.keys[:n], k)
+            pos, vals = p.cpu().numpy(), v.cpu().numpy()
+        return [Recall(self.ids[pos[i]], vals[i].astype(np.float32)) for i in range(q.shape[0])]
