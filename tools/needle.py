@@ -105,8 +105,9 @@ def build_haystack(shared_data: Path, tokens: int, n_facts: int, tokenizer, seed
         if f.question not in names:
             names.add(f.question)
             facts.append(f)
-    # Facts in the first 80% of the paragraphs, each question at least one paragraph after its fact.
-    spots = rng.sample(range(int(len(paras) * 0.8)), n_facts)
+    # Facts between 10% and 80% of the way in (never among the first few segments, where a recall of k would
+    # hold everything), each question at least one paragraph after its fact.
+    spots = rng.sample(range(int(len(paras) * 0.1), int(len(paras) * 0.8)), n_facts)
     asks = [rng.randrange(s + 1, len(paras)) for s in spots]
     plant = {s: f for s, f in zip(spots, facts)}
     ask: dict[int, list[Fact]] = {}

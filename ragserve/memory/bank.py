@@ -38,19 +38,36 @@ class MemoryBank:
                                   "is none yet (only BM25 + top-k); use cpu or gpu")
         self.dim, self.capacity, self.backend = dim, capacity, backend
         self.count = 0  # entries ever inserted; slot of entry j is j % capacity
-        self.ids = np.full(capacity, -1, dtype=np.int64)
-        if backend == "cpu":
-            self.keys = np.zeros((capacity, dim), dtype=np.float32)
-        else:
+        if backend != "cpu":
             import torch
 
             dev = torch.device(device or "cuda")
             if dev.type == "cuda" and not torch.cuda.is_available():
                 raise MemoryBankError("the gpu memory bank needs a CUDA device; none is usable here")
             self.device = dev
-            # fp16 on a GPU (half the bytes each recall reads); f32 on torch's CPU device
-            self.keys = torch.zeros((capacity, dim), dtype=torch.float16 if dev.type == "cuda" else torch.float32,
-                                    device=dev)
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.keys = self._alloc(0)
+
+    def _alloc(self, rows: int):
+        if self.backend == "cpu":
+            return np.zeros((rows, self.dim), dtype=np.float32)
+        import torch
+
+        # fp16 on a GPU (half the bytes each recall reads); f32 on torch's CPU device
+        dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        return torch.zeros((rows, self.dim), dtype=dtype, device=self.device)
+
+    def _reserve(self, rows: int) -> None:
+        """Room for ``rows`` slots (at most ``capacity``): storage grows by doubling, so a bank sized for a
+        million segments costs only what it holds."""
+        rows = min(rows, self.capacity)
+        if rows <= self.ids.size:
+            return
+        size = min(self.capacity, max(rows, 2 * self.ids.size, 1024))
+        keys, ids = self._alloc(size), np.full(size, -1, dtype=np.int64)
+        keys[:self.ids.size] = self.keys
+        ids[:self.ids.size] = self.ids
+        self.keys, self.ids = keys, ids
 
     def __len__(self) -> int:
         return min(self.count, self.capacity)
@@ -72,6 +89,7 @@ class MemoryBank:
         if v.shape[0] > self.capacity:  # only the last `capacity` would survive their own insert
             evicted = self.insert(v[:-self.capacity], ids[:-self.capacity])
             return evicted + self.insert(v[-self.capacity:], ids[-self.capacity:])
+        self._reserve(self.count + v.shape[0])
         slots = (self.count + np.arange(v.shape[0])) % self.capacity
         evicted = [int(i) for i in self.ids[slots] if i >= 0]  # empty slots hold -1
         self.ids[slots] = ids

@@ -83,13 +83,19 @@ class MemoryContext:
         options.check()
         self.embedder = embedder
         self.options = options
-        self.bank = MemoryBank(embedder.dim, options.capacity, options.backend, options.device)
-        self.segments: list[Segment] = []
         self.index = None
         self.backend_name = f"memory-{options.backend}"
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything read."""
+        o = self.options
+        self.bank = MemoryBank(self.embedder.dim, o.capacity, o.backend, o.device)
+        self.segments: list[Segment] = []
 
     def read(self, docs: Iterable[tuple[str, str]] | str) -> ReadResult:
-        """Stream the input through the memory: returns each segment's recall of earlier segments."""
+        """Stream the input (a text, or (title, text) documents) through the memory, after what was read
+        before: returns each new segment's recall of earlier segments."""
         t0 = time.perf_counter()
         docs = [("", docs)] if isinstance(docs, str) else list(docs)
         segs = segment_documents(docs, self.embedder.tokenizer, self.options.segment_tokens)

@@ -105,8 +105,9 @@ class RerankingSearcher:
             times.retrieval += time.perf_counter() - t1
         return out
 
-    def search(self, query: str, k: int = 10, *, times: StageTimes | None = None) -> list[Hit]:
-        return self.search_batch([query], k, times=times)[0]
+    def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
+               with_text: bool = True, times: StageTimes | None = None) -> list[Hit]:
+        return self.search_batch([query], k, k1, b, with_text, times)[0]
 
     def close(self) -> None:
         self.searcher.close()

@@ -50,6 +50,13 @@ def _dense_backend(backend: str) -> str:
     return "gpu" if resolve_backend_name(backend) == "gpu" else "cpu"
 
 
+def _dense_searcher(reader: IndexReader, embedder: Embedder, cfg: RetrievalConfig) -> DenseSearcher:
+    """On the gpu backend the backend's own ``device`` option (``--device cpu``: its kernels on the CPU) holds."""
+    device = cfg.backend_options.get("device")
+    return DenseSearcher(reader, embedder, backend=_dense_backend(cfg.backend), options=cfg.dense,
+                         device=device if isinstance(device, str) else None)
+
+
 def open_retriever(index: str | Path | IndexReader, cfg: RetrievalConfig, embedder: Embedder | None = None):
     """The retriever ``cfg.retriever`` names over ``index``; raises ``SearchError``, ``EmbedderError`` or
     ``InvalidIndexError`` (``DenseIndexError``) with one line saying what is wrong."""
@@ -60,32 +67,44 @@ def open_retriever(index: str | Path | IndexReader, cfg: RetrievalConfig, embedd
         return Searcher(reader, backend=cfg.backend, **cfg.backend_options)
     DenseIndex(reader)  # no dense part: say so before loading a model
     embedder = embedder or load_embedder(reader, cfg)
-    dense = DenseSearcher(reader, embedder, backend=_dense_backend(cfg.backend), options=cfg.dense)
+    dense = _dense_searcher(reader, embedder, cfg)
     if cfg.retriever == "dense":
         return dense
     return HybridSearcher(Searcher(reader, backend=cfg.backend, **cfg.backend_options), dense, cfg.fusion)
 
 
 class RetrieverSet:
-    """The server's retrievers over one index: BM25 always; dense and hybrid too when configured with one of them
+    """The server's retrievers over one index: BM25 always; dense and hybrid too when a dense searcher is given
     (they share one query encoder and one copy of the embeddings). ``search_batch`` takes the retriever's name."""
 
-    def __init__(self, index: str | Path | IndexReader, cfg: RetrievalConfig) -> None:
+    def __init__(self, bm25: Searcher, dense: DenseSearcher | None = None,
+                 fusion: FusionOptions = FusionOptions(), default: str = "bm25") -> None:
+        self.bm25 = bm25
+        self.retrievers: dict = {"bm25": bm25}
+        if dense is not None:
+            self.retrievers["dense"] = dense
+            self.retrievers["hybrid"] = HybridSearcher(bm25, dense, fusion)
+        self.default = default
+        self.get(default)
+        self.index = bm25.index
+        self.backend_name = bm25.backend_name
+        self.backend = bm25.backend
+        # BM25's execution queue (None for a sharded searcher): the server's search service batches through it
+        self.queue = getattr(bm25, "queue", None)
+
+    @classmethod
+    def open(cls, index: str | Path | IndexReader, cfg: RetrievalConfig) -> "RetrieverSet":
+        """BM25 only for ``--retriever bm25``; all three for dense or hybrid (the index needs a dense part)."""
         if cfg.retriever not in RETRIEVERS:
             raise SearchError(f"retriever must be one of {', '.join(RETRIEVERS)}, got {cfg.retriever!r}")
+        cfg.fusion.check()
         reader = index if isinstance(index, IndexReader) else IndexReader(index)
-        self.default = cfg.retriever
-        self.bm25 = Searcher(reader, backend=cfg.backend, **cfg.backend_options)
-        self.retrievers: dict = {"bm25": self.bm25}
+        dense = None
         if cfg.retriever != "bm25":
             DenseIndex(reader)
-            dense = DenseSearcher(reader, load_embedder(reader, cfg), backend=_dense_backend(cfg.backend),
-                                  options=cfg.dense)
-            self.retrievers["dense"] = dense
-            self.retrievers["hybrid"] = HybridSearcher(self.bm25, dense, cfg.fusion)
-        self.index = reader
-        self.backend_name = self.bm25.backend_name
-        self.backend = self.bm25.backend
+            dense = _dense_searcher(reader, load_embedder(reader, cfg), cfg)
+        bm25 = Searcher(reader, backend=cfg.backend, **cfg.backend_options)
+        return cls(bm25, dense, cfg.fusion, cfg.retriever)
 
     @property
     def manifest(self) -> dict:
@@ -104,10 +123,24 @@ class RetrieverSet:
             raise SearchError(f"retriever must be one of {', '.join(RETRIEVERS)}, got {name!r}")
         return self.retrievers[name]
 
+    @property
+    def can_miss_shards(self) -> bool:
+        """A sharded BM25 searcher may answer without some shards (``partial``); dense search has no shards."""
+        return getattr(self.bm25, "can_miss_shards", False)
+
+    def analyze(self, query: str):
+        return self.bm25.analyze(query)
+
     def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
-                     with_text: bool = True, times: StageTimes | None = None,
-                     retriever: str | None = None) -> list[list[Hit]]:
-        return self.get(retriever).search_batch(queries, k=k, k1=k1, b=b, with_text=with_text, times=times)
+                     with_text: bool = True, times: StageTimes | None = None, retriever: str | None = None,
+                     missing: set[int] | None = None, deadline: float | None = None) -> list[list[Hit]]:
+        """``missing`` and ``deadline`` are BM25's (a sharded searcher's missing shards, its queue's deadline);
+        dense and hybrid search run on the caller's thread, so neither applies to them."""
+        chosen = self.get(retriever)
+        extra = {}
+        if chosen is self.bm25:
+            extra = {n: v for n, v in (("missing", missing), ("deadline", deadline)) if v is not None}
+        return chosen.search_batch(queries, k=k, k1=k1, b=b, with_text=with_text, times=times, **extra)
 
     def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
                with_text: bool = True, times: StageTimes | None = None) -> list[Hit]:
@@ -117,6 +150,6 @@ class RetrieverSet:
         return {"default": self.default, "available": self.names}
 
     def close(self) -> None:
-        for r in {id(r): r for r in self.retrievers.values()}.values():
-            if r is not self.retrievers.get("hybrid"):
-                r.close()
+        for name in ("bm25", "dense"):  # hybrid owns nothing of its own
+            if name in self.retrievers:
+                self.retrievers[name].close()

@@ -41,16 +41,35 @@ def _fp16_scores(q: torch.Tensor, chunk: torch.Tensor, split: bool) -> torch.Ten
     return s[:m].add_(s[m:], alpha=1.0 / RESIDUAL_SCALE)
 
 
+_MIXED_MM: dict[torch.device, bool] = {}
+
+
+def mixed_mm(keys: torch.Tensor) -> bool:
+    """Whether fp16 x fp16 -> f32 products (``torch.mm(..., out_dtype=float32)``) run on the keys' device; else
+    each chunk is multiplied as an f32 copy (more bytes, same scores)."""
+    if keys.device.type != "cuda" or keys.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if keys.device not in _MIXED_MM:
+        try:
+            a = torch.ones((2, 8), dtype=keys.dtype, device=keys.device)
+            _MIXED_MM[keys.device] = torch.mm(a, a.t(), out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MIXED_MM[keys.device] = False
+    return _MIXED_MM[keys.device]
+
+
 def chunk_scores(q: torch.Tensor, chunk: torch.Tensor, tuning: IpTopkTuning = IpTopkTuning()) -> torch.Tensor:
     """f32 scores [m, rows] of f32 queries against one chunk of keys."""
-    if chunk.device.type == "cuda" and chunk.dtype in (torch.float16, torch.bfloat16):
+    if mixed_mm(chunk):
         return _fp16_scores(q, chunk, tuning.split_query)
     return relevancy.inner_product(q, chunk)
 
 
-def chunk_rows(m: int, n: int, k: int, d: int, tuning: IpTopkTuning) -> int:
-    """Keys per chunk: the score buffer within budget (plus an f32 copy of the chunk off CUDA), at least k."""
-    per_row = 4 * m * (2 if tuning.split_query else 1) + 4 * d
+def chunk_rows(m: int, n: int, k: int, keys: torch.Tensor, tuning: IpTopkTuning) -> int:
+    """Keys per chunk: the score buffer within budget (plus an f32 copy of the chunk where the product needs
+    one), at least k."""
+    mixed = mixed_mm(keys)
+    per_row = 4 * m * (2 if mixed and tuning.split_query else 1) + (0 if mixed else 4 * keys.shape[1])
     return max(k, min(n, tuning.chunk_score_bytes // per_row))
 
 
@@ -63,7 +82,7 @@ def ip_topk(queries: torch.Tensor, keys: torch.Tensor, k: int,
     k = min(int(k), n)
     if k <= 0 or m == 0:
         return torch.zeros((m, 0), dtype=torch.int64, device=keys.device), torch.zeros((m, 0), device=keys.device)
-    rows = chunk_rows(m, n, k, keys.shape[1], tuning)
+    rows = chunk_rows(m, n, k, keys, tuning)
     starts = list(range(0, n, rows))
     if len(starts) == 1:
         return selection.topk_rows(chunk_scores(q, keys, tuning), k)

@@ -1,0 +1,111 @@
+"""Memory as context, needle test: facts planted in long documents of shared Wikipedia text, recalled into the
+context of the segment that asks for each (``ragserve.memory``, ``tools/needle.py``).
+
+    python scripts/memory_needle.py --tokens 10K,100K,1M --json benchmarks/memory_needle.json
+    python scripts/memory_needle.py --tokens 1M --device cuda --backend gpu      # on a GPU machine
+
+For each length: a stream of Wikipedia paragraphs (../shared/data: WikiExtractor articles, DPR passages, the
+MediaWiki dump) of about that many encoder tokens, with --facts-per-100k invented facts (at least --min-facts)
+planted at paragraph starts and a question for each placed later as its own paragraph. The stream is read segment
+by segment (--segment-tokens) through a memory bank: each segment recalls its top-k earlier segments, then is
+stored. recall@k = the share of questions whose recalled segments include the fact's segment. The control run
+reads the same stream with the fact sentences removed (what recall@k the same target segments get by chance).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ragserve.memory.reader import MemoryContext, MemoryOptions  # noqa: E402
+from ragserve.retrieval.embedder import Embedder  # noqa: E402
+from tools.needle import build_haystack  # noqa: E402
+
+KS = (1, 5, 10)
+
+
+def size_arg(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1_000, "M": 1_000_000}.get(s[-1:], 1)
+    return int(float(s[:-1] if s[-1:] in "KM" else s) * mult)
+
+
+def run(embedder: Embedder, args: argparse.Namespace, tokens: int, plant: bool) -> dict:
+    n_facts = max(args.min_facts, tokens * args.facts_per_100k // 100_000)
+    docs, facts = build_haystack(Path(args.data), tokens, n_facts, embedder.tokenizer, seed=args.seed)
+    if not plant:
+        for f in facts:
+            title, text = docs[f.fact_doc]
+            docs[f.fact_doc] = (title, text.removeprefix(f.sentence + " "))
+    mem = MemoryContext(embedder, MemoryOptions(segment_tokens=args.segment_tokens, capacity=args.capacity,
+                                                k=max(KS), backend=args.backend))
+    t0 = time.perf_counter()
+    res = mem.read(docs)
+    seconds = time.perf_counter() - t0
+    first: dict[int, int] = {}
+    for s in res.segments:
+        first.setdefault(s.doc, s.index)
+    hits = {k: 0 for k in KS}
+    gaps, pool = [], []
+    for f in facts:
+        target, asking = first[f.fact_doc], first[f.question_doc]
+        recalled = res.recalls[asking].ids.tolist()
+        for k in KS:
+            hits[k] += target in recalled[:k]
+        gaps.append(asking - target)
+        pool.append(min(asking, args.capacity))
+    return {"tokens": sum(s.tokens for s in res.segments), "segments": len(res.segments), "facts": len(facts),
+            **{f"recall@{k}": hits[k] / len(facts) for k in KS},
+            "mean_segments_between_fact_and_question": sum(gaps) / len(gaps),
+            "mean_segments_in_memory_when_asked": sum(pool) / len(pool),
+            "evicted": res.evicted, "seconds": seconds, "stage_seconds": res.times.to_dict()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", default="10K,100K,1M")
+    ap.add_argument("--model", help="sentence encoder (default: the bundled all-MiniLM-L6-v2)")
+    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data"))
+    ap.add_argument("--device", default="cpu", help="encoder device (default cpu)")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "gpu"], help="memory bank backend (default cpu)")
+    ap.add_argument("--segment-tokens", type=int, default=128)
+    ap.add_argument("--capacity", type=int, default=1 << 20, help="bank capacity in segments (default 2^20)")
+    ap.add_argument("--facts-per-100k", type=int, default=20)
+    ap.add_argument("--min-facts", type=int, default=20)
+    ap.add_argument("--no-control", action="store_true", help="skip the runs without planted facts")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    model = args.model
+    if not model:
+        import contextlib
+        import io
+        import tempfile
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            import all_minilm_l6_v2
+            model = str(all_minilm_l6_v2.extract_model(tempfile.mkdtemp(prefix="needle-")))
+    embedder = Embedder(model, device=args.device)
+    report = {"model": embedder.info.name, "segment_tokens": args.segment_tokens, "bank_backend": args.backend,
+              "encoder_device": embedder.device, "command": " ".join(sys.argv), "runs": []}
+    for tokens in (size_arg(t) for t in args.tokens.split(",")):
+        row = {"asked_tokens": tokens, "planted": run(embedder, args, tokens, True)}
+        p = row["planted"]
+        print(f"{p['tokens']:,} tokens, {p['segments']:,} segments, {p['facts']} facts: "
+              + " ".join(f"recall@{k} {p[f'recall@{k}']:.3f}" for k in KS) + f" ({p['seconds']:.0f} s)", flush=True)
+        if not args.no_control:
+            row["control"] = c = run(embedder, args, tokens, False)
+            print("  control (facts removed): " + " ".join(f"recall@{k} {c[f'recall@{k}']:.3f}" for k in KS),
+                  flush=True)
+        report["runs"].append(row)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
