@@ -134,7 +134,7 @@ def bandwidth(device: torch.device) -> dict:
             sync(device)
             times.append(time.perf_counter() - t)
         res[f"{name}_GBps"] = moved / float(np.median(times)) / 1e9
-    del x, y
+    x = y = None  # freed before the caller allocates the corpus
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return res
@@ -205,7 +205,7 @@ def bench_size(args: argparse.Namespace, n: int, device: torch.device, bw: dict,
             exact10 = gpu(queries[:64])[0]
     if faiss is None:
         out["faiss"] = "skipped: faiss is not installed"
-        del keys
+        keys = None
         return out
     faiss.omp_set_num_threads(os.cpu_count() or 1)
     t = time.perf_counter()
@@ -215,7 +215,7 @@ def bench_size(args: argparse.Namespace, n: int, device: torch.device, bw: dict,
         flat.add(keys[i:i + step].float().cpu().numpy())
     out["faiss_flat_build_s"] = time.perf_counter() - t
     sample = keys[:min(n, args.hnsw_max)].float().cpu().numpy()
-    del keys
+    keys = None  # the device memory goes back before faiss needs the host's
     if device.type == "cuda":
         torch.cuda.empty_cache()
     for k in (10, 100):
@@ -234,7 +234,7 @@ def bench_size(args: argparse.Namespace, n: int, device: torch.device, bw: dict,
                         for b in args.batches))
     fs, fi = flat.search(queries[:64], 10)
     out["faiss_flat_agrees_with_gpu_top10"] = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(fi, exact10)]))
-    del flat
+    flat = None
     out["engines"].update(bench_hnsw(args, sample, queries, faiss))
     return out
 
@@ -284,7 +284,7 @@ def bench_bank(args: argparse.Namespace, device: torch.device) -> dict:
             out[f"{backend} {n}"] = {"segments": n, "backend": backend, "p50_ms": pct(lat, 50) * 1e3,
                                      "p99_ms": pct(lat, 99) * 1e3}
             log(f"memory bank {backend} {n:,} segments: recall p50 {pct(lat, 50) * 1e3:.3f} ms")
-            del bank
+            bank = None
     return out
 
 
