@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--memory-capacity", type=int, default=65536,
                      help="memory: segments held before the oldest is evicted (default 65536)")
     gen.add_argument("--memory-k", type=int, default=5, help="memory: earlier segments each segment recalls (default 5)")
-    gen.add_argument("--memory-backend", default="cpu", choices=["cpu", "gpu"], help="memory bank's device (default cpu)")
+    gen.add_argument("--memory-backend", default="cpu", choices=["cpu", "gpu", "fpga-sim"],
+                     help="memory bank's device (default cpu)")
     gen.add_argument("--max-new-tokens", type=int, default=256,
                      help="largest token option (max_new_tokens, look_ahead, ...) a client may ask for (default 256)")
     gen.add_argument("--attention", metavar="M", help="sparse attention for decode steps: dense, dsa, quest, lserve, "

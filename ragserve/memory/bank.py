@@ -3,8 +3,10 @@ eviction by size (the oldest entry leaves first once ``capacity`` entries are he
 
 Recall is the kernel library's dense relevancy + selection on the bank's device: ``cpu`` (numpy / BLAS inner
 product, ``cpu.selection.topk_rows``), ``gpu`` (torch on a CUDA device, or any torch device given: the chunked
-``gpu.ip_topk``). Both are exact with one tie rule: equal scores go to the lower slot. ``fpga-sim`` needs an
-inner-product kernel in ``hls_bm25/``; there is none yet, and asking for it says so.
+``gpu.ip_topk``), ``fpga-sim`` (the ``attn_topk`` HLS kernel in C simulation, one key a unit: inner products
+streamed past an on-chip top-k, only ids and scores back). All are exact with one tie rule: equal scores go to the
+lower slot. The FPGA kernel holds at most ``MAX_DIM`` (256) query lanes on chip, so 384-dimensional MiniLM
+embeddings do not fit it; asking for that says so.
 """
 from __future__ import annotations
 
@@ -34,11 +36,14 @@ class MemoryBank:
         if backend not in BACKENDS:
             raise MemoryBankError(f"memory backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if backend == "fpga-sim":
-            raise MemoryBankError("the fpga-sim memory bank needs an inner-product kernel in hls_bm25/, and there "
-                                  "is none yet (only BM25 + top-k); use cpu or gpu")
+            from ragserve.kernels.fpga.attention import MAX_DIM
+
+            if dim > MAX_DIM:
+                raise MemoryBankError(f"the fpga-sim memory bank runs the attn_topk kernel, which holds at most "
+                                      f"{MAX_DIM} dimensions on chip; these embeddings have {dim} (use cpu or gpu)")
         self.dim, self.capacity, self.backend = dim, capacity, backend
         self.count = 0  # entries ever inserted; slot of entry j is j % capacity
-        if backend != "cpu":
+        if backend == "gpu":
             import torch
 
             dev = torch.device(device or "cuda")
@@ -49,7 +54,7 @@ class MemoryBank:
         self.keys = self._alloc(0)
 
     def _alloc(self, rows: int):
-        if self.backend == "cpu":
+        if self.backend != "gpu":  # host memory (the FPGA host copies it to the card's HBM per launch)
             return np.zeros((rows, self.dim), dtype=np.float32)
         import torch
 
@@ -93,7 +98,7 @@ class MemoryBank:
         slots = (self.count + np.arange(v.shape[0])) % self.capacity
         evicted = [int(i) for i in self.ids[slots] if i >= 0]  # empty slots hold -1
         self.ids[slots] = ids
-        if self.backend == "cpu":
+        if self.backend != "gpu":
             self.keys[slots] = v
         else:
             import torch
@@ -114,6 +119,8 @@ class MemoryBank:
             from ragserve.kernels.cpu import relevancy, selection
 
             pos, vals = selection.topk_rows(relevancy.inner_product(q, self.keys[:n]), k)
+        elif self.backend == "fpga-sim":
+            pos, vals = self._recall_fpga(q, min(k, n), n)
         else:
             import torch
 
@@ -122,3 +129,13 @@ class MemoryBank:
             p, v = ip_topk(torch.from_numpy(q).to(self.device), self.keys[:n], k)
             pos, vals = p.cpu().numpy(), v.cpu().numpy()
         return [Recall(self.ids[pos[i]], vals[i].astype(np.float32)) for i in range(q.shape[0])]
+
+    def _recall_fpga(self, q: np.ndarray, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """One kernel launch per query: one head, one key per unit, units [0, n) offered to the top-k."""
+        from ragserve.kernels.fpga.attention import MAX_K, attn_topk
+
+        if k > MAX_K:
+            raise MemoryBankError(f"the fpga-sim kernel's top-k holds at most {MAX_K} entries, asked for {k}")
+        keys = self.keys[None, :n]
+        out = [attn_topk("dots_max", q[i][None, None], keys, 1, 0, n, k) for i in range(q.shape[0])]
+        return np.stack([o["ids"][0] for o in out]), np.stack([o["top"][0] for o in out])
