@@ -12,6 +12,8 @@
    - ``faiss-hnsw``: IndexHNSWSQ (fp16 storage, as ``--faiss hnsw`` builds it) for sizes up to --hnsw-max, on as
      many vectors as --hnsw-seconds of building add (its recall@10 against exact search over those is reported;
      uniform random vectors are HNSW's worst case, real embeddings have structure; 21M is hours to build);
+   - ``cpu-exact``: the kernel library's exact path on the host's cores (f32 keys, chunked BLAS + top-k), the
+     CPU baseline where faiss is not installed (the algorithm faiss Flat runs for batches);
    single-query latency (p50/p99, results on the host) and batched throughput (queries/s), k = 10 and 100.
    The floor of one exact query is the embeddings' bytes over the device's measured bandwidth (a device-to-device
    copy, bytes read + written, as scripts/bench_gpu.py measures it; a read-only reduction is reported too).
@@ -204,8 +206,10 @@ def bench_size(args: argparse.Namespace, n: int, device: torch.device, bw: dict,
             + ", ".join(f"batch {b} {r[f'batch{b}_qps']:,.0f} q/s" for b in args.batches))
         if k == 10:
             exact10 = gpu(queries[:64])[0]
+    if faiss is None or args.cpu_exact:
+        out["engines"].update(bench_cpu_exact(args, keys, queries, out["engines"]))
     if faiss is None:
-        out["faiss"] = "skipped: faiss is not installed"
+        out["faiss"] = "skipped: faiss is not installed (cpu-exact is the CPU baseline)"
         keys = None
         return out
     faiss.omp_set_num_threads(os.cpu_count() or 1)
@@ -223,16 +227,17 @@ def bench_size(args: argparse.Namespace, n: int, device: torch.device, bw: dict,
         lat = time_single(lambda q: flat.search(q, k), queries, args.faiss_reps, args.time_budget)
         r = {"p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3, "single_qps": 1 / pct(lat, 50),
              "queries_timed": len(lat)}
-        for b in args.batches:
+        for b in args.faiss_batches:
             r[f"batch{b}_qps"] = time_batch(lambda q: flat.search(q, k), queries, b, args.time_budget)
         out["engines"][f"faiss-flat k={k}"] = r
         g = out["engines"][f"gpu k={k}"]
         r["gpu_speedup_single"] = r["p50_ms"] / g["p50_ms"]
-        for b in args.batches:
-            r[f"gpu_speedup_batch{b}"] = g[f"batch{b}_qps"] / r[f"batch{b}_qps"]
+        for b in args.faiss_batches:
+            if f"batch{b}_qps" in g:
+                r[f"gpu_speedup_batch{b}"] = g[f"batch{b}_qps"] / r[f"batch{b}_qps"]
         log(f"faiss-flat k={k}: p50 {r['p50_ms']:.1f} ms (gpu x{r['gpu_speedup_single']:.1f}), "
-            + ", ".join(f"batch {b} {r[f'batch{b}_qps']:,.1f} q/s (gpu x{r[f'gpu_speedup_batch{b}']:.1f})"
-                        for b in args.batches))
+            + ", ".join(f"batch {b} {r[f'batch{b}_qps']:,.1f} q/s (gpu x{r.get(f'gpu_speedup_batch{b}', 0):.1f})"
+                        for b in args.faiss_batches))
     fs, fi = flat.search(queries[:64], 10)
     out["faiss_flat_agrees_with_gpu_top10"] = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(fi, exact10)]))
     flat = None
@@ -240,6 +245,38 @@ def bench_size(args: argparse.Namespace, n: int, device: torch.device, bw: dict,
         out["faiss_hnsw"] = f"not built: more than --hnsw-max {args.hnsw_max:,} vectors (hours on these cores)"
     else:
         out["engines"].update(bench_hnsw(args, sample, queries, faiss))
+    return out
+
+
+def bench_cpu_exact(args: argparse.Namespace, keys: torch.Tensor, queries: np.ndarray, gpu: dict) -> dict:
+    """The kernel library's exact path on the host's cores: f32 keys in host memory, chunked BLAS inner products
+    (torch, every core) and exact top-k; the algorithm faiss IndexFlatIP runs for a batch (sgemm + selection),
+    measured where faiss is not installed."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    host = torch.empty(keys.shape, dtype=torch.float32)
+    step = 1 << 20
+    for i in range(0, keys.shape[0], step):
+        host[i:i + step] = keys[i:i + step].float().cpu()
+    tuning = IpTopkTuning(chunk_score_bytes=args.chunk_mb << 20)
+    out = {}
+    for k in (10, 100):
+        def run(q: np.ndarray, k=k):
+            return ip_topk(torch.from_numpy(q), host, k, tuning)
+
+        lat = time_single(run, queries, args.faiss_reps, args.time_budget)
+        r = {"p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3, "queries_timed": len(lat),
+             "threads": torch.get_num_threads()}
+        for b in args.faiss_batches:
+            r[f"batch{b}_qps"] = time_batch(run, queries, b, args.time_budget)
+        g = gpu[f"gpu k={k}"]
+        r["gpu_speedup_single"] = r["p50_ms"] / g["p50_ms"]
+        for b in args.faiss_batches:
+            if f"batch{b}_qps" in g:
+                r[f"gpu_speedup_batch{b}"] = g[f"batch{b}_qps"] / r[f"batch{b}_qps"]
+        out[f"cpu-exact k={k}"] = r
+        log(f"cpu-exact k={k} ({r['threads']} threads): p50 {r['p50_ms']:.1f} ms (gpu x{r['gpu_speedup_single']:.1f}), "
+            + ", ".join(f"batch {b} {r[f'batch{b}_qps']:,.1f} q/s (gpu x{r.get(f'gpu_speedup_batch{b}', 0):.1f})"
+                        for b in args.faiss_batches))
     return out
 
 
@@ -261,7 +298,7 @@ def bench_hnsw(args: argparse.Namespace, vecs: np.ndarray, queries: np.ndarray, 
         lat = time_single(lambda q: index.search(q, k), queries, args.reps, args.time_budget)
         r = {"vectors": built, "build_s": build_s, "m": args.hnsw_m, "ef_construction": args.ef_construction,
              "ef_search": args.ef_search, "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3}
-        for b in args.batches:
+        for b in args.faiss_batches:
             r[f"batch{b}_qps"] = time_batch(lambda q: index.search(q, k), queries, b, args.time_budget)
         if k == 10:
             _, got = index.search(queries[:200], 10)
@@ -277,13 +314,14 @@ def bench_bank(args: argparse.Namespace, device: torch.device) -> dict:
     out = {}
     rng = np.random.default_rng(2)
     q = rng.standard_normal((64, DIM)).astype(np.float32)
+    segs = rng.standard_normal((max(args.bank_sizes), DIM), dtype=np.float32)  # made once, shared by every bank
+    segs /= np.linalg.norm(segs, axis=1, keepdims=True)
     for n in args.bank_sizes:
         for backend in ("cpu", "gpu"):
             bank = MemoryBank(DIM, n, backend, device=None if backend == "cpu" else str(device))
             step = 1 << 16
             for i in range(0, n, step):
-                v = rng.standard_normal((min(step, n - i), DIM)).astype(np.float32)
-                bank.insert(v / np.linalg.norm(v, axis=1, keepdims=True), np.arange(i, i + len(v)))
+                bank.insert(segs[i:min(n, i + step)], np.arange(i, min(n, i + step)))
             lat = time_single(lambda x: bank.recall(x, 10), q, args.reps, args.time_budget)
             out[f"{backend} {n}"] = {"segments": n, "backend": backend, "p50_ms": pct(lat, 50) * 1e3,
                                      "p99_ms": pct(lat, 99) * 1e3}
@@ -298,9 +336,10 @@ def main() -> None:
     ap.add_argument("--model", help="sentence encoder (default: the bundled all-MiniLM-L6-v2, if installed)")
     ap.add_argument("--sizes", default="1M,21M", help="corpus sizes (default 1M,21M)")
     ap.add_argument("--bank-sizes", default="10K,100K,1M", help="memory-bank sizes (default 10K,100K,1M)")
-    ap.add_argument("--batches", default="64,256", help="batch sizes of the throughput runs (default 64,256)")
+    ap.add_argument("--batches", default="64,256", help="gpu throughput batch sizes (default 64,256)")
+    ap.add_argument("--faiss-batches", default="64", help="faiss throughput batch sizes (default 64)")
     ap.add_argument("--embed-cpu", type=int, default=512, help="passages embedded on the CPU (default 512)")
-    ap.add_argument("--embed-gpu", type=int, default=8192, help="passages embedded on --device (default 8192)")
+    ap.add_argument("--embed-gpu", type=int, default=4096, help="passages embedded on --device (default 4096)")
     ap.add_argument("--reps", type=int, default=50, help="single queries timed per engine (default 50)")
     ap.add_argument("--faiss-reps", type=int, default=10, help="single queries timed for faiss flat (default 10)")
     ap.add_argument("--time-budget", type=float, default=2.0, help="seconds at most per timing loop (default 2)")
@@ -311,11 +350,15 @@ def main() -> None:
     ap.add_argument("--ef-construction", type=int, default=80)
     ap.add_argument("--ef-search", type=int, default=128)
     ap.add_argument("--skip-embed", action="store_true")
+    ap.add_argument("--cpu-exact", action="store_true",
+                    help="also time the kernel library's exact CPU path when faiss is installed (it always runs "
+                         "without faiss, as the CPU baseline)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     args.sizes = [size_arg(s) for s in args.sizes.split(",") if s]
     args.bank_sizes = [size_arg(s) for s in args.bank_sizes.split(",") if s]
     args.batches = [int(b) for b in args.batches.split(",") if b]
+    args.faiss_batches = [int(b) for b in args.faiss_batches.split(",") if b]
     device = torch.device(args.device)
     try:
         import faiss

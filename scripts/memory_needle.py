@@ -5,7 +5,7 @@ context of the segment that asks for each (``ragserve.memory``, ``tools/needle.p
     python scripts/memory_needle.py --tokens 1M --device cuda --backend gpu      # on a GPU machine
 
 For each length: a stream of Wikipedia paragraphs (../shared/data: WikiExtractor articles, DPR passages, the
-MediaWiki dump) of about that many encoder tokens, with --facts-per-100k invented facts (at least --min-facts)
+MediaWiki dump; they hold about 958K encoder tokens, so 1M reads the first 42K again) of about that many tokens, with --facts-per-100k invented facts (at least --min-facts)
 planted at paragraph starts and a question for each placed later as its own paragraph. The stream is read segment
 by segment (--segment-tokens) through a memory bank: each segment recalls its top-k earlier segments, then is
 stored. recall@k = the share of questions whose recalled segments include the fact's segment. The control run
@@ -37,7 +37,7 @@ def size_arg(s: str) -> int:
 
 def run(embedder: Embedder, args: argparse.Namespace, tokens: int, plant: bool) -> dict:
     n_facts = max(args.min_facts, tokens * args.facts_per_100k // 100_000)
-    docs, facts = build_haystack(Path(args.data), tokens, n_facts, embedder.tokenizer, seed=args.seed)
+    docs, facts = build_haystack(Path(args.data), tokens, n_facts, embedder.tokenizer, seed=args.seed, repeat=True)
     if not plant:
         for f in facts:
             title, text = docs[f.fact_doc]

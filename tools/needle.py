@@ -80,17 +80,21 @@ def wikipedia_paragraphs(shared_data: Path) -> Iterator[tuple[str, str]]:
             yield doc.title, doc.text
 
 
-def build_haystack(shared_data: Path, tokens: int, n_facts: int, tokenizer, seed: int = 0
+def build_haystack(shared_data: Path, tokens: int, n_facts: int, tokenizer, seed: int = 0, repeat: bool = False
                    ) -> tuple[list[tuple[str, str]], list[Fact]]:
     """About ``tokens`` tokenizer tokens of Wikipedia paragraphs with ``n_facts`` facts planted and asked about.
 
-    Raises ``ValueError`` if the shared samples hold fewer tokens than asked for."""
+    The shared samples hold about 958K tokens: beyond that ``repeat`` reads them again from the start (so some
+    paragraphs occur twice, never with a fact in both), else ``ValueError``."""
     rng = random.Random(seed)
     paras: list[tuple[str, str]] = []
     total = 0
     source = wikipedia_paragraphs(shared_data)
     while total < tokens:
         batch = [p for _, p in zip(range(256), source)]
+        if not batch and repeat and paras:
+            source = wikipedia_paragraphs(shared_data)
+            continue
         if not batch:
             raise ValueError(f"the shared Wikipedia samples hold only {total:,} tokens, not {tokens:,}")
         lens = [len(ids) for ids in tokenizer([t for _, t in batch], add_special_tokens=False, verbose=False)["input_ids"]]
