@@ -116,7 +116,7 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
             version=__version__,
             index={"path": str(searcher.index.path), "manifest": searcher.manifest},
             backend={**searcher.backend.describe(), "name": searcher.backend_name,
-                     **({"queue": searcher.queue.describe()} if hasattr(searcher, "queue") else {})},
+                     **({"queue": searcher.queue.describe()} if getattr(searcher, "queue", None) else {})},
             backends=list(backend_status()),
             retrievers=searcher.describe(),
             model=answers.describe() if answers is not None else None,
