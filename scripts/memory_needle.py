@@ -8,8 +8,10 @@ For each length: a stream of Wikipedia paragraphs (../shared/data: WikiExtractor
 MediaWiki dump; they hold about 958K encoder tokens, so 1M reads the first 42K again) of about that many tokens, with --facts-per-100k invented facts (at least --min-facts)
 planted at paragraph starts and a question for each placed later as its own paragraph. The stream is read segment
 by segment (--segment-tokens) through a memory bank: each segment recalls its top-k earlier segments, then is
-stored. recall@k = the share of questions whose recalled segments include the fact's segment. The control run
-reads the same stream with the fact sentences removed (what recall@k the same target segments get by chance).
+stored. recall@k = the share of questions whose recalled segments include the fact's segment. Two readings:
+every segment kept (the questions too, so later questions meet earlier ones of the same template), and the
+questions only recalling (as a question put to a read context is). chance@k = the recall@k of a random ranking
+(k over the segments held when asked); the control run reads the same stream with the fact sentences removed.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def size_arg(s: str) -> int:
     return int(float(s[:-1] if s[-1:] in "KM" else s) * mult)
 
 
-def run(embedder: Embedder, args: argparse.Namespace, tokens: int, plant: bool) -> dict:
+def run(embedder: Embedder, args: argparse.Namespace, tokens: int, plant: bool, keep_questions: bool) -> dict:
     n_facts = max(args.min_facts, tokens * args.facts_per_100k // 100_000)
     docs, facts = build_haystack(Path(args.data), tokens, n_facts, embedder.tokenizer, seed=args.seed, repeat=True)
     if not plant:
@@ -45,22 +47,29 @@ def run(embedder: Embedder, args: argparse.Namespace, tokens: int, plant: bool) 
     mem = MemoryContext(embedder, MemoryOptions(segment_tokens=args.segment_tokens, capacity=args.capacity,
                                                 k=max(KS), backend=args.backend))
     t0 = time.perf_counter()
-    res = mem.read(docs)
+    questions = {f.question_doc for f in facts}
+    res = mem.read(docs, None if keep_questions else (lambda seg: seg.doc not in questions))
     seconds = time.perf_counter() - t0
     first: dict[int, int] = {}
     for s in res.segments:
         first.setdefault(s.doc, s.index)
     hits = {k: 0 for k in KS}
     gaps, pool = [], []
+    asked = sorted(first[f.question_doc] for f in facts)
     for f in facts:
         target, asking = first[f.fact_doc], first[f.question_doc]
         recalled = res.recalls[asking].ids.tolist()
         for k in KS:
             hits[k] += target in recalled[:k]
         gaps.append(asking - target)
-        pool.append(min(asking, args.capacity))
+        # segments held when asked: every earlier one, less earlier questions when those are not kept
+        held = asking - (0 if keep_questions else sum(1 for a in asked if a < asking))
+        pool.append(min(held, args.capacity))
     return {"tokens": sum(s.tokens for s in res.segments), "segments": len(res.segments), "facts": len(facts),
+            "questions_kept_in_memory": keep_questions,
             **{f"recall@{k}": hits[k] / len(facts) for k in KS},
+            # a ranking drawn at random would recall the fact k / held times
+            **{f"chance@{k}": sum(min(1.0, k / p) for p in pool) / len(pool) for k in KS},
             "mean_segments_between_fact_and_question": sum(gaps) / len(gaps),
             "mean_segments_in_memory_when_asked": sum(pool) / len(pool),
             "evicted": res.evicted, "seconds": seconds, "stage_seconds": res.times.to_dict()}
@@ -77,7 +86,9 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=1 << 20, help="bank capacity in segments (default 2^20)")
     ap.add_argument("--facts-per-100k", type=int, default=20)
     ap.add_argument("--min-facts", type=int, default=20)
-    ap.add_argument("--no-control", action="store_true", help="skip the runs without planted facts")
+    ap.add_argument("--control-max", type=size_arg, default=200_000,
+                    help="run the control (facts removed) up to this length (default 200K; beyond, chance@k "
+                         "is given instead)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -94,14 +105,17 @@ def main() -> None:
     report = {"model": embedder.info.name, "segment_tokens": args.segment_tokens, "bank_backend": args.backend,
               "encoder_device": embedder.device, "command": " ".join(sys.argv), "runs": []}
     for tokens in (size_arg(t) for t in args.tokens.split(",")):
-        row = {"asked_tokens": tokens, "planted": run(embedder, args, tokens, True)}
-        p = row["planted"]
-        print(f"{p['tokens']:,} tokens, {p['segments']:,} segments, {p['facts']} facts: "
-              + " ".join(f"recall@{k} {p[f'recall@{k}']:.3f}" for k in KS) + f" ({p['seconds']:.0f} s)", flush=True)
-        if not args.no_control:
-            row["control"] = c = run(embedder, args, tokens, False)
-            print("  control (facts removed): " + " ".join(f"recall@{k} {c[f'recall@{k}']:.3f}" for k in KS),
-                  flush=True)
+        row: dict = {"asked_tokens": tokens}
+        for name, keep in (("questions_kept", True), ("questions_recall_only", False)):
+            row[name] = p = run(embedder, args, tokens, True, keep)
+            print(f"{p['tokens']:,} tokens, {p['segments']:,} segments, {p['facts']} facts, questions "
+                  f"{'kept in' if keep else 'not kept in'} memory: "
+                  + " ".join(f"recall@{k} {p[f'recall@{k}']:.3f}" for k in KS)
+                  + f" (chance@10 {p['chance@10']:.3f}; {p['seconds']:.0f} s)", flush=True)
+        if tokens <= args.control_max:
+            row["control"] = c = run(embedder, args, tokens, False, False)
+            print("  control (facts removed, questions not kept): "
+                  + " ".join(f"recall@{k} {c[f'recall@{k}']:.3f}" for k in KS), flush=True)
         report["runs"].append(row)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

@@ -188,7 +188,8 @@ def test_v1_answer_reads_a_long_context_into_memory(cli_index, installed, minilm
     docs, facts = build_haystack(SHARED_DATA, 6000, 1, minilm.tokenizer)
     context = "\n\n".join(text for title, text in docs if title != "question")
     cfg, m = ServerConfig(max_body_bytes=1 << 22), ServerMetrics()
-    rs = RetrieverSet.open(cli_index, RetrievalConfig())
+    rs = RetrieverSet.open(cli_index, RetrievalConfig(retriever="hybrid", dense_model=str(installed),
+                                                      embed_device="cpu"))
     answers = AnswerService(str(rag_support.tiny_lm()), rs, cfg, m, device="cpu", memory_model=str(installed),
                             memory_options=MemoryOptions(segment_tokens=64, k=3))
     client = create_app(rs, cfg, answers=answers, metrics=m).test_client()
@@ -206,6 +207,12 @@ def test_v1_answer_reads_a_long_context_into_memory(cli_index, installed, minilm
     assert len(body["passages"]) == 3 and all(p["text"] in context for p in body["passages"])
     words = facts[0].sentence.split()  # the planted fact is recalled (a segment may cut its sentence in two)
     assert any(" ".join(words[:4]) in p["text"] or " ".join(words[-4:]) in p["text"] for p in body["passages"])
+    # without a context the method searches the index, with the retriever asked for
+    q = "american football player"
+    r = client.post("/v1/answer", json={"question": q, "retriever": "dense", "method": "single",
+                                        "options": {"k": 3, "max_new_tokens": 4}})
+    assert r.status_code == 200, r.get_json()
+    assert [p["id"] for p in r.get_json()["passages"]] == [h.id for h in rs.get("dense").search(q, k=3)]
     for body, field in (({"question": "q", "context": 5}, "context"), ({"question": "q", "context": " "}, "context"),
                         ({"question": "q", "context": "text", "method": "none"}, "method"),
                         ({"question": "q", "context": "text", "retriever": "bm25"}, "context")):

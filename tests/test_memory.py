@@ -122,3 +122,15 @@ def test_eviction_by_size_forgets_the_oldest_segments(minilm):
         assert all(q - 8 <= r < q for r in recalled)  # only the 8 segments before the asking one remain
         if q - first[f.fact_doc] > 8:
             assert first[f.fact_doc] not in recalled
+
+
+def test_segments_not_stored_recall_but_are_never_recalled(minilm):
+    docs = [("", "The violet heron nests on the roof of the old mill."), ("question", "Where does the violet heron nest?"),
+            ("", "Tides are caused by the gravity of the moon."), ("question", "What causes the tides?"),
+            ("", "The mill was built in 1820 by the river.")]
+    mem = MemoryContext(minilm, MemoryOptions(segment_tokens=64, k=3))
+    res = mem.read(docs, store=lambda seg: seg.title != "question")
+    assert len(mem.bank) == 3 and [r.ids.tolist() for r in res.recalls][:2] == [[], [0]]
+    assert res.recalls[3].ids.tolist()[0] == 2  # the tides question finds the tides sentence
+    assert all(i not in (1, 3) for r in res.recalls for i in r.ids.tolist())
+    assert {h.docid for h in mem.search("heron", k=5)} == {0, 2, 4}

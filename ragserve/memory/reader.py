@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 
 from ragserve.kernels.contract import SearchError, StageTimes
@@ -93,9 +93,11 @@ class MemoryContext:
         self.bank = MemoryBank(self.embedder.dim, o.capacity, o.backend, o.device)
         self.segments: list[Segment] = []
 
-    def read(self, docs: Iterable[tuple[str, str]] | str) -> ReadResult:
+    def read(self, docs: Iterable[tuple[str, str]] | str,
+             store: Callable[[Segment], bool] | None = None) -> ReadResult:
         """Stream the input (a text, or (title, text) documents) through the memory, after what was read
-        before: returns each new segment's recall of earlier segments."""
+        before: returns each new segment's recall of earlier segments. ``store(segment)`` False: the segment
+        recalls but is not kept (a query in the stream, such as a question); default: every segment is kept."""
         t0 = time.perf_counter()
         docs = [("", docs)] if isinstance(docs, str) else list(docs)
         segs = segment_documents(docs, self.embedder.tokenizer, self.options.segment_tokens)
@@ -114,7 +116,8 @@ class MemoryContext:
                 t2 = time.perf_counter()
                 res.recalls.append(self.bank.recall(v, self.options.k)[0])
                 t3 = time.perf_counter()
-                res.evicted += len(self.bank.insert(v, [segs[b0 + j].index]))
+                if store is None or store(segs[b0 + j]):
+                    res.evicted += len(self.bank.insert(v, [segs[b0 + j].index]))
                 res.times.relevancy += t3 - t2
                 res.times.prepare += time.perf_counter() - t3
         return res
