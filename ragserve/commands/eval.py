@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help="dataset format (default: detect)")
     p.add_argument("--method", choices=METHOD_CHOICES, help="RAG method")
     p.add_argument("--model", metavar="PATH", help="causal LM: local directory or cached hub id")
-    p.add_argument("--index", metavar="DIR", help="BM25 index (needed by every method but 'none')")
+    p.add_argument("--index", metavar="DIR", help="index (needed by every method but 'none', unless --memory)")
     p.add_argument("--backend", default="cpu", help="retrieval backend: cpu (default), gpu or auto")
     p.add_argument("--device", default="auto", help="generator device: auto, cpu, cuda, cuda:0 ...")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -54,9 +54,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r = p.add_argument_group("retrieval")
     r.add_argument("-k", "--k", dest="k", type=int, default=3, help="passages per retrieval (default 3)")
     r.add_argument("--query-max-tokens", type=int, default=64, help="query length budget in model tokens")
-    r.add_argument("--reranker", metavar="PATH", help="cross-encoder: rerank BM25 top-N (two-stage; any method)")
-    r.add_argument("--rerank-depth", type=int, default=100, help="BM25 candidates for the reranker (default 100)")
+    r.add_argument("--reranker", "--rerank", dest="reranker", metavar="MODEL",
+                   help="re-score the first stage's top-N with a model (two-stage; any method): a cross-encoder, "
+                        "or a sentence encoder (bi-encoder)")
+    r.add_argument("--rerank-depth", type=int, default=100, help="first-stage candidates for the reranker (default 100)")
     r.add_argument("--reranker-device", default="auto")
+    from ragserve.commands.retrieval_options import add_retriever_args
+
+    add_retriever_args(p, rerank=False)
+    mem = p.add_argument_group("memory as context (training-free)")
+    mem.add_argument("--memory", action="store_true",
+                     help="read each question's own paragraphs as one long input, segment by segment, into a "
+                          "memory bank, and retrieve from that memory instead of an index")
+    mem.add_argument("--memory-model", metavar="DIR", help="sentence encoder of the memory (needed with --memory)")
+    mem.add_argument("--segment-tokens", type=int, default=128, help="encoder tokens per segment (default 128)")
+    mem.add_argument("--memory-capacity", type=int, default=65536,
+                     help="segments held before the oldest is evicted (default 65536)")
+    mem.add_argument("--memory-k", type=int, default=5, help="earlier segments each segment recalls (default 5)")
+    mem.add_argument("--memory-backend", default="cpu", choices=["cpu", "gpu", "fpga-sim"],
+                     help="device of the memory bank's recall (default cpu)")
     m = p.add_argument_group("method hyperparameters")
     m.add_argument("--interval", type=int, default=32, help="fixed-length: tokens between retrievals")
     m.add_argument("--sentence-max-tokens", type=int, default=64, help="fixed-sentence: longest sentence")
@@ -110,29 +126,52 @@ def run_build_index(args: argparse.Namespace) -> int:
 
 
 def _retriever(args: argparse.Namespace):
-    from indexer.reader import InvalidIndexError
+    from ragserve.commands.retrieval_options import open_retriever
     from ragserve.rag.generator import GeneratorError
-    from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
+    from ragserve.rag.rerank import RerankingSearcher, load_reranker
     from ragserve.kernels.contract import SearchError
-    from ragserve.retrieval.searcher import Searcher
 
+    if args.memory:
+        return _memory(args)
     check_backend(args.backend)
+    searcher = open_retriever(args)
+    if not args.reranker:
+        return searcher
     try:
-        searcher = Searcher(args.index, backend=args.backend)
-        if not args.reranker:
-            return searcher
-        return RerankingSearcher(searcher, CrossEncoder(args.reranker, device=args.reranker_device),
-                                 depth=args.rerank_depth)
-    except (InvalidIndexError, SearchError, GeneratorError, RuntimeError) as e:
+        return RerankingSearcher(searcher, load_reranker(args.reranker, device=args.reranker_device,
+                                                         index=searcher.index), depth=args.rerank_depth)
+    except (SearchError, GeneratorError, RuntimeError) as e:
         raise CliError(str(e)) from e
+
+
+def _memory(args: argparse.Namespace):
+    from ragserve.kernels.contract import SearchError
+    from ragserve.memory.bank import MemoryBankError
+    from ragserve.memory.reader import MemoryContext, MemoryOptions
+    from ragserve.retrieval.embedder import Embedder, EmbedderError
+
+    if not args.memory_model:
+        raise CliError("--memory needs --memory-model DIR (a sentence encoder, e.g. from 'ragserve models install minilm')")
+    if args.reranker or args.retriever != "bm25" or args.index:
+        raise CliError("--memory retrieves from the memory of each question's context: drop --index, --retriever "
+                       "and --rerank")
+    try:
+        opts = MemoryOptions(segment_tokens=args.segment_tokens, capacity=args.memory_capacity, k=args.memory_k,
+                             backend=args.memory_backend)
+        opts.check()
+        return MemoryContext(Embedder(args.memory_model, device=args.embed_device), opts)
+    except (EmbedderError, MemoryBankError, SearchError) as e:
+        raise CliError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("dataset", "method", "model", "out") if not getattr(args, n)]
     if missing:
         raise CliError(f"missing {', '.join(missing)} (or use 'ragserve eval build-index')")
-    if args.method != "none" and not args.index:
-        raise CliError(f"method {args.method!r} needs --index")
+    if args.method != "none" and not args.index and not args.memory:
+        raise CliError(f"method {args.method!r} needs --index (or --memory)")
+    if args.memory and args.method == "none":
+        raise CliError("--memory needs a method that retrieves")
     if args.limit is not None and args.limit < 0:
         raise CliError("--limit must be >= 0")
     if args.attention_budget is not None and args.attention is None:
@@ -151,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
     if args.summary_json:
         output_path(args.summary_json, "summary file")
     fmt, examples = _read(args)
+    if args.memory and examples and not any(ex.paragraphs for ex in examples):
+        raise CliError(f"--memory reads each question's own paragraphs, and this {fmt} dataset has none")
     published = PUBLISHED.get(_family(fmt), PUBLISHED["hotpotqa"])
     try:
         prompts = PromptBuilder(load_exemplars(args.prompt_file or DEFAULT_EXEMPLARS[fmt]),
@@ -170,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
 
     run_info = {"method": args.method, "dataset": Path(args.dataset).name}
+    context = (lambda ex: [(p.title, p.text) for p in ex.paragraphs]) if args.memory else None
     total = len(examples)
 
     counter = itertools.count(1)
@@ -182,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
                   f"retrievals={row['retrievals']} tokens={row['tokens']}{tag}", file=sys.stderr, flush=True)
 
     try:
-        rows = evaluate(examples, method, args.out, run_info, progress)
+        rows = evaluate(examples, method, args.out, run_info, progress, context)
     except EvalError as e:
         raise CliError(str(e)) from e
     summary = summarize(rows)
@@ -191,5 +233,6 @@ def run(args: argparse.Namespace) -> int:
         with open(args.summary_json, "w", encoding="utf-8") as f:
             searcher = getattr(retriever, "searcher", retriever)  # the BM25 stage under a reranker
             json.dump({**run_info, "format": fmt, "backend": getattr(searcher, "backend_name", None),
+                       "retriever": "memory" if args.memory else args.retriever,
                        "reranker": args.reranker, "model": args.model, **summary}, f, indent=2)
     return 0

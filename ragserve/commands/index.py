@@ -38,6 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ray", metavar="ADDRESS",
                    help="build on the Ray cluster at ADDRESS (local: start one here) with Ray Data; the same "
                         "index files as without it (needs ragserve[ray]; the output directory on a shared file system)")
+    p.add_argument("--dense", metavar="MODEL",
+                   help="also embed the passages with this sentence encoder (dense part; see index-dense)")
+    from ragserve.commands.retrieval_options import add_dense_build_args
+
+    add_dense_build_args(p)
     p.set_defaults(func=run)
 
 
@@ -49,6 +54,13 @@ def run(args: argparse.Namespace) -> int:
     for path in args.inputs:
         if not os.path.exists(path):
             raise CliError(f"input {path} does not exist")
+    if args.dense:  # a model that cannot embed is found before the BM25 build, not after it
+        from ragserve.retrieval.embedder import EmbedderError, read_encoder_config
+
+        try:
+            read_encoder_config(args.dense)
+        except EmbedderError as e:
+            raise CliError(str(e)) from None
     try:
         check_params(args.k1, args.b)
     except ValueError as e:
@@ -85,6 +97,14 @@ def run(args: argparse.Namespace) -> int:
     for path in truncated:
         print(f"warning: {path} ends early (truncated or corrupt compressed data); documents before the cut "
               f"were indexed", file=sys.stderr)
+    if args.dense:
+        from ragserve.commands.retrieval_options import build_dense, report_dense
+
+        try:
+            report_dense(build_dense(args, args.out, args.dense, overwrite=True), args.out)
+        except CliError as e:  # the BM25 index stands on its own; only the dense part is missing
+            raise CliError(f"{e} (the BM25 index at {args.out} is complete; add the dense part with "
+                           f"'ragserve index-dense {args.out} --model MODEL')") from None
     return 0
 
 

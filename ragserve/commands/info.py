@@ -40,4 +40,20 @@ def run(args: argparse.Namespace) -> int:
               f"{s['postings']:,} postings  {s['entries']:,} block entries  {s['bytes']:,} B "
               f"({100.0 * s['bytes'] / lay['bank_bytes']:.1f}% of a bank)")
     print(f"size       {total:,} bytes in {len(m['files'])} files" + ("  (checksums verified)" if args.verify else ""))
+    _dense(reader, args.verify)
     return 0
+
+
+def _dense(reader, verify: bool) -> None:
+    from ragserve.retrieval.dense import DENSE_DIR, DenseIndex, DenseIndexError
+
+    if not (reader.path / DENSE_DIR).is_dir():
+        return
+    try:
+        d = DenseIndex(reader, verify=verify)
+    except DenseIndexError as e:
+        raise CliError(str(e)) from e
+    enc, size = d.encoder, sum(f["bytes"] for f in d.manifest["files"].values())
+    print(f"dense      {d.num_docs:,} x {d.dim} fp16 embeddings of {enc['name']} ({enc['pooling']} pooling"
+          f"{', normalised' if enc['normalize'] else ''}, {enc['fingerprint'][:12]}), faiss {d.kind}, {size:,} bytes"
+          + ("  (checksums verified)" if verify else ""))

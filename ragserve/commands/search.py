@@ -14,8 +14,10 @@ BATCH = 256  # queries per backend call in file mode
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("search", help="search an index (one query, or a query file to a TREC run)",
-                       description="Exact BM25 top-k search. With --queries, writes a TREC run "
-                                   "(qid Q0 docid rank score tag) with the corpus's own doc ids.")
+                       description="Exact BM25 top-k search, or dense / hybrid retrieval (--retriever) on an "
+                                   "index with a dense part, optionally re-scored by a model (--rerank). With "
+                                   "--queries, writes a TREC run (qid Q0 docid rank score tag) with the corpus's "
+                                   "own doc ids.")
     p.add_argument("query", nargs="?", help="query text (omit with --queries)")
     p.add_argument("--index", required=True, metavar="DIR")
     p.add_argument("-k", type=int, default=10, help="hits per query (1..10000, default 10)")
@@ -36,13 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ray-groups", type=int, default=0, metavar="N",
                    help="with --ray: shard groups, one actor each (default: as many as the cluster holds, "
                         "at most one per shard)")
+    from ragserve.commands.retrieval_options import add_retriever_args
+
+    add_retriever_args(p)
     p.set_defaults(func=run)
 
 
 def _searcher(args: argparse.Namespace):
-    from indexer.reader import InvalidIndexError
-    from ragserve.kernels.contract import SearchError
-    from ragserve.retrieval.searcher import Searcher
+    from ragserve.commands.retrieval_options import open_retriever
 
     opts: dict = {}
     if args.xclbin:
@@ -51,14 +54,11 @@ def _searcher(args: argparse.Namespace):
         opts["device"] = int(args.device) if args.device.isdigit() else args.device
     if not args.device:
         check_backend(args.backend, device_option=True)
-    try:
-        if args.ray:
-            return _distributed_searcher(args, opts)
-        return Searcher(args.index, backend=args.backend, **opts)
-    except (InvalidIndexError, SearchError) as e:
-        raise CliError(str(e)) from e
-    except RuntimeError as e:  # a backend that cannot start here (no GPU, no FPGA runtime)
-        raise CliError(str(e)) from e
+    if args.ray:
+        if args.retriever != "bm25" or args.rerank:
+            raise CliError("--ray searches BM25 shards: --retriever dense/hybrid and --rerank run without it")
+        return _distributed_searcher(args, opts)
+    return open_retriever(args, opts)
 
 
 def _distributed_searcher(args: argparse.Namespace, opts: dict):

@@ -44,13 +44,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--device", default="auto", help="generator device: auto (cuda if available), cpu, cuda[:N]")
     gen.add_argument("--exemplars", default="multihop.txt",
                      help="few-shot exemplar file, a path or a name in ragserve/prompts (default multihop.txt)")
-    gen.add_argument("--reranker", metavar="PATH", help="cross-encoder for the two-stage method")
-    gen.add_argument("--rerank-depth", type=int, default=100, help="BM25 hits the reranker rescores (default 100)")
+    gen.add_argument("--reranker", "--rerank", dest="reranker", metavar="MODEL",
+                     help="reranker of the two-stage method: a cross-encoder or a sentence encoder (bi-encoder)")
+    gen.add_argument("--rerank-depth", type=int, default=100, help="first-stage hits the reranker rescores (default 100)")
+    gen.add_argument("--memory-model", metavar="DIR",
+                     help="sentence encoder that reads a request's long 'context' into memory (memory as context)")
+    gen.add_argument("--segment-tokens", type=int, default=128, help="memory: encoder tokens per segment (default 128)")
+    gen.add_argument("--memory-capacity", type=int, default=65536,
+                     help="memory: segments held before the oldest is evicted (default 65536)")
+    gen.add_argument("--memory-k", type=int, default=5, help="memory: earlier segments each segment recalls (default 5)")
+    gen.add_argument("--memory-backend", default="cpu", choices=["cpu", "gpu", "fpga-sim"],
+                     help="memory bank's device (default cpu)")
     gen.add_argument("--max-new-tokens", type=int, default=256,
                      help="largest token option (max_new_tokens, look_ahead, ...) a client may ask for (default 256)")
     gen.add_argument("--attention", metavar="M", help="sparse attention for decode steps: dense, dsa, quest, lserve, "
                                                       "seer-topk, seer-threshold (default: the model's own)")
     gen.add_argument("--attention-budget", type=int, metavar="K", help="tokens each decode step attends (default 2048)")
+    from ragserve.commands.retrieval_options import add_retriever_args
+
+    add_retriever_args(p, rerank=False)
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-query-chars", type=int, default=2000, help="longest query or question (default 2000)")
     lim.add_argument("--max-batch", type=int, default=64, help="most queries in one search batch (default 64)")
@@ -107,7 +119,6 @@ def run(args: argparse.Namespace) -> int:
     from indexer.reader import InvalidIndexError
     from ragserve.kernels.contract import SearchError
     from ragserve.retrieval.queue import QueueSettings
-    from ragserve.retrieval.searcher import Searcher
     from ragserve.server.app import create_app
     from ragserve.server.auth import is_loopback_host
     from ragserve.server.metrics import ServerMetrics
@@ -116,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     _check_attention(args)
-    for model in (args.model, args.reranker):
+    for model in (args.model, args.reranker, args.memory_model):
         if model and (problem := model_path_problem(model)):  # refuse to start rather than fail in the background
             raise CliError(problem)
     if cfg.api_key is None and not is_loopback_host(args.host):
@@ -124,14 +135,21 @@ def run(args: argparse.Namespace) -> int:
                        f"(pass --api-key or set {ENV_API_KEY})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.ray:
+        if args.retriever != "bm25" or args.memory_model:
+            raise CliError("--ray serves BM25 shards: --retriever dense/hybrid and --memory-model run without it")
         return _serve_on_ray(args, cfg)
+    from ragserve.commands.retrieval_options import retrieval_config
+    from ragserve.retrieval.embedder import EmbedderError
+    from ragserve.retrieval.factory import RetrieverSet
+
     opts = {"xclbin": args.xclbin} if args.xclbin else {}
     check_backend(args.backend)
     try:
         queue = QueueSettings(max_wait_ms=args.queue_wait_ms, max_batch=args.queue_max_batch,
                               parallel=args.search_slots)
-        searcher = Searcher(args.index, backend=args.backend, queue=queue, **opts)
-    except (InvalidIndexError, SearchError, RuntimeError) as e:
+        # the BM25 searcher's queue settings ride with the backend options (Searcher takes them by name)
+        searcher = RetrieverSet.open(args.index, retrieval_config(args, {**opts, "queue": queue}))
+    except (InvalidIndexError, SearchError, EmbedderError, RuntimeError) as e:
         raise CliError(str(e)) from e
     metrics = ServerMetrics()
     answers = _answer_service(args, cfg, searcher, metrics) if args.model else None
@@ -144,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
             h = f"[{host}]" if ":" in host else host
             # Tests and scripts read this line to find the port when --port 0 was given.
             print(f"ragserve serve: listening on http://{h}:{port} (index {args.index}, backend "
-                  f"{searcher.backend_name}, model {args.model or 'none'}); /readyz says when warmed up",
-                  file=sys.stderr, flush=True)
+                  f"{searcher.backend_name}, retriever {args.retriever}, model {args.model or 'none'}); /readyz says "
+                  f"when warmed up", file=sys.stderr, flush=True)
         warmup.start(on_failure=lambda _error: stop.set())
 
     try:
@@ -184,14 +202,24 @@ def _serve_on_ray(args: argparse.Namespace, cfg) -> int:
 def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
     from ragserve.server.answering import AnswerService
 
+    from ragserve.kernels.contract import SearchError
+    from ragserve.memory.reader import MemoryOptions
+    from ragserve.retrieval.embedder import EmbedderError, read_encoder_config
+
     if args.max_new_tokens < 1 or args.rerank_depth < 1:
         raise CliError("--max-new-tokens and --rerank-depth must be at least 1")
+    memory = MemoryOptions(segment_tokens=args.segment_tokens, capacity=args.memory_capacity, k=args.memory_k,
+                           backend=args.memory_backend)
     try:
+        memory.check()
+        if args.memory_model:
+            read_encoder_config(args.memory_model)  # not a sentence encoder: say so now, not at the first request
         return AnswerService(args.model, searcher, cfg, metrics, device=args.device, exemplars=args.exemplars,
                              reranker=args.reranker, rerank_depth=args.rerank_depth,
                              max_new_tokens=args.max_new_tokens, attention=args.attention,
-                             attention_budget=args.attention_budget)
-    except (OSError, ValueError) as e:
+                             attention_budget=args.attention_budget, memory_model=args.memory_model,
+                             memory_options=memory)
+    except (OSError, ValueError, SearchError, EmbedderError) as e:
         raise CliError(str(e)) from e
 
 

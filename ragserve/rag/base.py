@@ -47,12 +47,15 @@ class RagMethod(ABC):
         self.answer_max_tokens = answer_max_tokens
 
     # -- the interface ----------------------------------------------------------------------
-    def answer(self, question: str) -> tuple[str, Trace]:
+    def answer(self, question: str, context: list[tuple[str, str]] | None = None) -> tuple[str, Trace]:
         """Generate a chain-of-thought answer, retrieving as the method decides; returns the extracted
-        answer and the trace of every step."""
+        answer and the trace of every step. ``context`` (title, text) documents, a long input, are first read
+        into the retriever's memory (memory as context), which the method's retrievals then recall from."""
         if not isinstance(question, str) or not question.strip():
             raise MethodError("question must be a non-empty string")
         trace = Trace(question)
+        if context is not None:
+            self.read_context(trace, context)
         text, passages = self._run(question, trace)
         trace.output = text
         answer = extract_answer(text)
@@ -66,6 +69,18 @@ class RagMethod(ABC):
         """The method's loop: the generated answer text and the passages last shown to the model."""
 
     # -- building blocks --------------------------------------------------------------------
+    def read_context(self, trace: Trace, docs: list[tuple[str, str]]) -> None:
+        """Memory as context: stream a long input segment by segment into a fresh memory (the retriever must be
+        a ``ragserve.memory.reader.MemoryContext``)."""
+        if not self.uses_retrieval or not hasattr(self.retriever, "read"):
+            raise MethodError(f"method {self.name!r} cannot read a context: it needs a retrieving method with a "
+                              "memory as its retriever")
+        step = trace.add("read")
+        self.retriever.reset()
+        result = self.retriever.read(docs)
+        step.times.add(result.times)
+        step.memory = result.summary()
+
     def room(self, text: str) -> int:
         """Tokens left in the answer budget."""
         return self.max_new_tokens - self.generator.count_tokens(text)

@@ -56,9 +56,11 @@ def make_row(ex: Example, answer: str, trace, seconds: float, run: dict) -> dict
 
 
 def evaluate(examples: list[Example], method: RagMethod, out_path: str | Path, run: dict,
-             on_row: Callable[[dict, bool], None] | None = None) -> list[dict]:
+             on_row: Callable[[dict, bool], None] | None = None,
+             context: Callable[[Example], list[tuple[str, str]]] | None = None) -> list[dict]:
     """Rows for ``examples`` in order: those already in ``out_path`` and new ones, appended and flushed one
-    by one. ``on_row(row, resumed)`` is called for each."""
+    by one. ``on_row(row, resumed)`` is called for each. ``context(example)``, when given, is the long input
+    each question is answered from (memory as context)."""
     p = Path(out_path)
     p.parent.mkdir(parents=True, exist_ok=True)
     done = load_done(p, run)
@@ -69,7 +71,7 @@ def evaluate(examples: list[Example], method: RagMethod, out_path: str | Path, r
                 row, resumed = done[ex.id], True
             else:
                 t0 = time.perf_counter()
-                answer, trace = method.answer(ex.question)
+                answer, trace = method.answer(ex.question, context(ex) if context else None)
                 row, resumed = make_row(ex, answer, trace, time.perf_counter() - t0, run), False
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
                 f.flush()

@@ -28,7 +28,7 @@ def build_method(name: str, generator: Generator, prompts: PromptBuilder, retrie
     from ragserve.rag.rerank import RerankingSearcher
 
     if name == "two-stage" and not isinstance(retriever, RerankingSearcher):
-        raise MethodError("method 'two-stage' needs a cross-encoder reranker (--reranker PATH)")
+        raise MethodError("method 'two-stage' needs a reranker (--rerank MODEL: a cross-encoder or a sentence encoder)")
     cls = METHODS[name]
     common = ("k", "max_new_tokens", "query_max_tokens", "answer_max_tokens")
     kwargs = {k: v for k, v in options.items() if v is not None and (k in common or k in cls.options)}

@@ -19,7 +19,7 @@ STAGES = ("prepare", "relevancy", "retrieval", "apply")
 
 @dataclass
 class Step:
-    kind: str  # generate | retrieve | answer
+    kind: str  # generate | retrieve | answer | read (a long context read into memory)
     times: StageTimes = field(default_factory=StageTimes)
     text: str = ""  # generated text (generate / answer steps)
     tokens: int = 0  # tokens decoded in this step
@@ -28,6 +28,7 @@ class Step:
     query: str = ""  # retrieve steps
     hits: list[dict] = field(default_factory=list)  # [{"id", "title", "score"}]
     trigger: dict = field(default_factory=dict)  # the decision's inputs and outcome
+    memory: dict = field(default_factory=dict)  # read steps: segments, tokens, evictions
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -42,6 +43,8 @@ class Step:
         d = {"kind": self.kind, "times": self.times.to_dict()}
         if self.kind == "retrieve":
             d.update(query=self.query, hits=self.hits)
+        elif self.kind == "read":
+            d.update(memory=self.memory)
         else:
             d.update(text=self.text, tokens=self.tokens, prompt_tokens=self.prompt_tokens, stop=self.stop)
         if self.trigger:

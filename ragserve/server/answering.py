@@ -16,6 +16,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Iterator
 
+from ragserve.kernels.contract import SearchError
 from ragserve.rag.base import MethodError, RagMethod
 from ragserve.rag.generator import Generator, GeneratorError
 from ragserve.rag.methods import METHOD_NAMES, METHODS, build_method
@@ -90,10 +91,12 @@ class AnswerService:
                  device: str = "auto", exemplars: str = "multihop.txt", reranker: str | None = None,
                  rerank_depth: int = 100, max_new_tokens: int = 256,
                  load_generator: Callable[..., Generator] = Generator, attention: str | None = None,
-                 attention_budget: int | None = None) -> None:
+                 attention_budget: int | None = None, memory_model: str | None = None,
+                 memory_options=None) -> None:
         """``load_generator(model, device=...)`` makes the generator (another one: e.g. a client of a generator
         that runs elsewhere, as on Ray Serve). ``attention``/``attention_budget``: the decode steps' sparse
-        attention by default (a request may choose its own)."""
+        attention by default (a request may choose its own). ``memory_model``: the sentence encoder a request's
+        long ``context`` is read into memory with (``memory_options`` its ``MemoryOptions``)."""
         try:
             self.prompts = PromptBuilder(load_exemplars(exemplars))
         except PromptError as e:
@@ -113,6 +116,8 @@ class AnswerService:
         self._reranker = (reranker, rerank_depth)
         self._load_generator = load_generator
         self.attention = (attention, attention_budget)  # the decode default; a request may choose its own
+        self.memory_model, self.memory_options = memory_model, memory_options
+        self.memory_embedder = None  # the sentence encoder a request's long context is read with
         self._loading: Future = self.queue.submit(self._load, bounded=False)  # on the generator's own thread
 
     # -- loading --------------------------------------------------------------------------------
@@ -124,8 +129,12 @@ class AnswerService:
             generator = self._load_generator(self.model_name, device=self.device, **extra)
             path, depth = self._reranker
             if path:
-                from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
-                self.reranking = RerankingSearcher(self.searcher, CrossEncoder(path, device=self.device), depth)
+                from ragserve.rag.rerank import RerankingSearcher, load_reranker
+                self.reranking = RerankingSearcher(self.searcher, load_reranker(path, device=self.device,
+                                                                                index=self.searcher.index), depth)
+            if self.memory_model:
+                from ragserve.retrieval.embedder import Embedder
+                self.memory_embedder = Embedder(self.memory_model, device=self.device)
         except Exception as e:  # one line: the server stops on it (serve's warm-up), /readyz shows it meanwhile
             log.error("cannot load the model %s: %s: %s", self.model_name, type(e).__name__, " ".join(str(e).split()))
             raise
@@ -156,8 +165,14 @@ class AnswerService:
         """Check the options and build the method (and the request's sparse attention, or None) on the request's
         thread, so bad input fails before queueing."""
         if req.method not in self.methods:
-            raise invalid("method", f"method {req.method!r} needs a cross-encoder reranker; this server was "
-                                    "started without --reranker")
+            raise invalid("method", f"method {req.method!r} needs a reranker; this server was started without "
+                                    "--reranker")
+        if req.context is not None and not self.memory_model:
+            raise invalid("context", "this server cannot read a context: start it with --memory-model DIR "
+                                     "(a sentence encoder)")
+        if req.context is not None and (req.method == "two-stage" or not METHODS[req.method].uses_retrieval):
+            raise invalid("method", f"method {req.method!r} cannot answer from a context; use a method that "
+                                    "retrieves from the index's place (single, fixed-sentence, flare, ...)")
         kinds = self.option_kinds[req.method]
         check_fields(req.options, set(kinds), where="options.")
         opts = {}
@@ -174,7 +189,16 @@ class AnswerService:
                            + (f": {state['error']})" if "error" in state else "); retry shortly"),
                            headers={"Retry-After": "5"})
         try:
-            retriever = self.reranking if req.method == "two-stage" else self.searcher
+            if req.context is not None:  # a fresh memory per request, read on the generator's thread
+                from ragserve.memory.reader import MemoryContext
+                retriever = MemoryContext(self.memory_embedder, self.memory_options)
+            elif req.method == "two-stage":
+                retriever = self.reranking
+            else:
+                retriever = self.searcher.get(req.retriever) if hasattr(self.searcher, "get") else self.searcher
+        except SearchError as e:
+            raise invalid("retriever", str(e)) from None
+        try:
             method = build_method(req.method, self.generator, self.prompts, retriever, **opts)
         except MethodError as e:
             raise invalid("options", str(e)) from None
@@ -198,14 +222,14 @@ class AnswerService:
             raise Abandoned()
         try:
             with self.generator.attention_scope(attention) if attention else contextlib.nullcontext():
-                answer, trace = method.answer(req.question)
+                answer, trace = method.answer(req.question, None if req.context is None else [("", req.context)])
         except (MethodError, GeneratorError) as e:  # e.g. max_new_tokens beyond the model's context
             raise invalid("options", str(e)) from None
         watch.flush(len(trace.steps))
         done = time.perf_counter()
         self._record(req.method, trace, done - started)
         times = trace.times.to_dict()
-        return {
+        out = {
             "question": req.question, "method": req.method, "answer": answer, "output": trace.output,
             "passages": [dict(rank=i + 1, **h.to_dict()) for i, h in enumerate(watch.passages)],
             "trace": [s.to_dict() for s in trace.steps], "retrievals": trace.retrievals, "tokens": trace.tokens,
@@ -213,6 +237,10 @@ class AnswerService:
             "model": self.model_name,
             **({"attention": {"method": attention.name, "budget": attention.config.budget}} if attention else {}),
         }
+        read = [s.memory for s in trace.steps if s.kind == "read"]
+        if read:
+            out["memory"] = read[0]
+        return out
 
     def _record(self, method: str, trace: Trace, seconds: float) -> None:
         m = self.metrics

@@ -11,10 +11,12 @@ from flask import Flask, Response, g, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from ragserve import __version__
+from ragserve.kernels.contract import SearchError
+from ragserve.retrieval.factory import RetrieverSet
 from ragserve.retrieval.searcher import Searcher
 from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
-from ragserve.server.errors import ApiError
+from ragserve.server.errors import ApiError, invalid
 from ragserve.server.metrics import ServerMetrics
 from ragserve.server.search_service import SearchService
 from ragserve.server.validation import DEFAULT_METHOD, answer_request, parse_json_object, search_request
@@ -29,13 +31,16 @@ OPEN_ENDPOINTS = {"healthz", "page", "static", "favicon"}  # no token: liveness,
 log = logging.getLogger("ragserve.server")
 
 
-def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService | None = None,
+def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers: AnswerService | None = None,
                metrics: ServerMetrics | None = None,
                search_slots: int = 1, warmup: Warmup | None = None) -> Flask:
     """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503.
     ``search_slots``: searches at once on a searcher without its own queue (the Ray ``DistributedSearcher``).
     ``warmup`` (started by the caller): /readyz is 503 until it is done, and searches wait for it (the warm-up
-    search holds the backend meanwhile)."""
+    search holds the backend meanwhile). ``searcher`` is a BM25 ``Searcher`` (local or sharded) or the
+    ``RetrieverSet`` of ``--retriever`` (dense and hybrid too)."""
+    if not isinstance(searcher, RetrieverSet):
+        searcher = RetrieverSet(searcher)
     app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.sort_keys = False
@@ -111,8 +116,9 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
             version=__version__,
             index={"path": str(searcher.index.path), "manifest": searcher.manifest},
             backend={**searcher.backend.describe(), "name": searcher.backend_name,
-                     **({"queue": searcher.queue.describe()} if hasattr(searcher, "queue") else {})},
+                     **({"queue": searcher.queue.describe()} if getattr(searcher, "queue", None) else {})},
             backends=list(backend_status()),
+            retrievers=searcher.describe(),
             model=answers.describe() if answers is not None else None,
             methods=answers.methods if answers is not None else [],
             limits={"max_query_chars": config.max_query_chars, "max_batch": config.max_batch, "max_k": config.max_k,
@@ -125,6 +131,13 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
         req = search_request(body(), config)
         if warmup is not None and not warmup.done.wait(max(0.0, g.deadline - time.monotonic())):
             raise ApiError(504, "timeout", "the server was still warming up past the request timeout")
+        try:
+            chosen = searcher.get(req.retriever)
+        except SearchError as e:
+            raise invalid("retriever", str(e)) from None
+        if getattr(chosen, "kind", "bm25") == "dense" and (req.k1 is not None or req.b is not None):
+            raise invalid("k1" if req.k1 is not None else "b", "k1 and b are BM25 parameters; the dense retriever "
+                                                                 "has none")
         t0 = time.perf_counter()
         missing: set[int] = set()
         hits, times = search.search(req, g.deadline, missing)
@@ -132,7 +145,8 @@ def create_app(searcher: Searcher, config: ServerConfig, answers: AnswerService 
         del timing["apply"]
         results = [{"query": q, "hits": [dict(rank=i + 1, **h.to_dict()) for i, h in enumerate(hs)]}
                    for q, hs in zip(req.queries, hits)]
-        common = {"k": req.k, "backend": searcher.backend_name, "timing": timing}
+        common = {"k": req.k, "backend": searcher.backend_name, "retriever": req.retriever or searcher.default,
+                  "timing": timing}
         if req.partial:  # the exact top-k of the other shards; empty when every shard answered
             common["missing_shards"] = sorted(missing)
         return jsonify(**results[0], **common) if not req.batch else jsonify(results=results, **common)

@@ -36,6 +36,8 @@ class SearchService:
         times = StageTimes()
         # Only a sharded searcher can miss shards; a local one always searches them all.
         extra = {"missing": missing} if req.partial and getattr(self.searcher, "can_miss_shards", False) else {}
+        if req.retriever is not None:  # the server's RetrieverSet picks it; None: its default
+            extra["retriever"] = req.retriever
         if self._slots is None:
             extra["deadline"] = deadline
         elif not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):

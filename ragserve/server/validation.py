@@ -105,9 +105,18 @@ class SearchRequest:
     k1: float | None = None
     b: float | None = None
     partial: bool = False  # a sharded server may answer from the shards that are up, naming the others
+    retriever: str | None = None  # bm25, dense or hybrid; None: the server's default
 
 
-SEARCH_FIELDS = {"query", "queries", "k", "k1", "b", "partial"}
+SEARCH_FIELDS = {"query", "queries", "k", "k1", "b", "partial", "retriever"}
+RETRIEVERS = ("bm25", "dense", "hybrid")
+
+
+def retriever_field(value: Any) -> str:
+    if not isinstance(value, str) or value not in RETRIEVERS:
+        shown = repr(value) if isinstance(value, str) else _json_type(value)
+        raise invalid("retriever", f"retriever must be one of {', '.join(RETRIEVERS)}, got {shown}")
+    return value
 K1_MAX = 100.0  # far above any useful value; keeps the f32 arithmetic well inside its range
 
 
@@ -130,7 +139,8 @@ def search_request(body: dict, cfg: ServerConfig) -> SearchRequest:
     k1 = float_field(body["k1"], "k1", 0.0, K1_MAX, lo_open=True) if "k1" in body else None
     b = float_field(body["b"], "b", 0.0, 1.0) if "b" in body else None
     partial = bool_field(body.get("partial", False), "partial")
-    return SearchRequest(queries=queries, batch=batch, k=k, k1=k1, b=b, partial=partial)
+    retriever = retriever_field(body["retriever"]) if "retriever" in body else None
+    return SearchRequest(queries=queries, batch=batch, k=k, k1=k1, b=b, partial=partial, retriever=retriever)
 
 
 @dataclass(frozen=True)
@@ -141,9 +151,11 @@ class AnswerRequest:
     options: dict = field(default_factory=dict)
     timeout_s: float | None = None  # the client's own deadline, at most the server's request timeout
     attention: dict | None = None  # sparse attention for the decode steps: {"method": M, "budget": K}
+    retriever: str | None = None  # the index retriever of the method; None: the server's default
+    context: str | None = None  # a long input read into memory; the method then retrieves from it
 
 
-ANSWER_FIELDS = {"question", "method", "stream", "options", "timeout_s", "attention"}
+ANSWER_FIELDS = {"question", "method", "stream", "options", "timeout_s", "attention", "retriever", "context"}
 ATTENTION_FIELDS = {"method", "budget"}
 
 
@@ -183,5 +195,15 @@ def answer_request(body: dict, cfg: ServerConfig, methods: list[str], default_me
     if timeout is not None:
         timeout = float_field(timeout, "timeout_s", 0.0, cfg.request_timeout_s, lo_open=True)
     attention = attention_field(body["attention"], cfg) if "attention" in body else None
+    retriever = retriever_field(body["retriever"]) if "retriever" in body else None
+    context = None
+    if "context" in body:  # as long as the body allows (--max-body-bytes), not --max-query-chars
+        if not isinstance(body["context"], str):
+            raise invalid("context", f"context must be a string, got {_json_type(body['context'])}")
+        if not body["context"].strip():
+            raise invalid("context", "context must not be empty")
+        if retriever is not None:
+            raise invalid("context", "send either a context (read into memory) or a retriever (of the index)")
+        context = body["context"]
     return AnswerRequest(question=question, method=method, stream=stream, options=options, timeout_s=timeout,
-                         attention=attention)
+                         attention=attention, retriever=retriever, context=context)

@@ -1,0 +1,1 @@
+"""Memory as context: a bank of segment embeddings (``bank``) and reading a long input through it (``reader``)."""
