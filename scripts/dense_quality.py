@@ -1,6 +1,6 @@
 """Retrieval quality with a real embedding model: bm25, dense, hybrid and bm25 -> bi-encoder rerank, side by side.
 
-    python scripts/dense_quality.py [--model DIR] [--workdir DIR] [--out benchmarks/dense_quality.json]
+    python scripts/dense_quality.py [--model DIR] [--workdir DIR] [--out benchmarks/raw/dense/dense_quality.json]
 
 - BEIR ArguAna (../shared/data/beir-arguana): nDCG@10 and R@100 (trec_eval definitions, ``ragserve.ireval``),
   each query's own argument dropped from its hits (BEIR's ``ignore_identical_ids``, Anserini's -removeQuery).

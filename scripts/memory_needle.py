@@ -1,7 +1,7 @@
 """Memory as context, needle test: facts planted in long documents of shared Wikipedia text, recalled into the
 context of the segment that asks for each (``ragserve.memory``, ``tools/needle.py``).
 
-    python scripts/memory_needle.py --tokens 10K,100K,1M --json benchmarks/memory_needle.json
+    python scripts/memory_needle.py --tokens 10K,100K,1M --json benchmarks/raw/dense/memory_needle.json
     python scripts/memory_needle.py --tokens 1M --device cuda --backend gpu      # on a GPU machine
 
 For each length: a stream of Wikipedia paragraphs (../shared/data: WikiExtractor articles, DPR passages, the

@@ -21,7 +21,7 @@ from ragserve.rag.base import MethodError, RagMethod
 from ragserve.rag.generator import Generator, GeneratorError
 from ragserve.rag.methods import METHOD_NAMES, METHODS, build_method
 from ragserve.rag.prompts import PromptBuilder, PromptError, load_exemplars
-from ragserve.rag.trace import STAGES, Step, Trace
+from ragserve.rag.trace import Step, Trace
 from ragserve.retrieval.searcher import Hit, Searcher
 from ragserve.server import sse
 from ragserve.server.config import ServerConfig
