@@ -176,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:  # port in use, address not available
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
     finally:
+        warmup.cancel()
         if answers is not None:
             answers.close()
         searcher.close()

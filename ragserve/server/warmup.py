@@ -67,6 +67,11 @@ class Warmup:
         self.error: str | None = None
         self.seconds: dict[str, float] = {}
         self._thread: threading.Thread | None = None
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """The server is stopping: what the warm-up raises from now on (a closed queue) is not a failure."""
+        self._cancelled.set()
 
     def start(self, on_failure: Callable[[str], None] | None = None) -> None:
         self._thread = threading.Thread(target=self._run, args=(on_failure,), name="warmup", daemon=True)
@@ -83,6 +88,9 @@ class Warmup:
                 self._timed("generation", self._generate)
             log.info("warm-up done: %s", ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items()))
         except Exception as e:  # reported by /readyz and fatal for the server: it cannot serve what it was asked
+            if self._cancelled.is_set():  # a signal stopped the server mid warm-up: nothing to report
+                log.info("warm-up stopped: the server is shutting down")
+                return
             message = str(e) if isinstance(e, WarmupError) else f"{type(e).__name__}: {e}"
             self.error = " ".join(message.split())  # one line (transformers' messages span several)
             log.error("warm-up failed: %s", self.error)
