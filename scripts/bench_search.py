@@ -22,7 +22,8 @@ queried with held-out real questions (NQ-open test, MS MARCO dev), at k = 10, 10
   built by an earlier run, with their times);
 - then ONE process pinned to one core opens every engine and times them interleaved: for each repetition and
   each k, the questions are cut into runs of ``--run-length``; every engine variant (``engines.Engine.variants``)
-  answers a run, one variant after the other in an order rotated per run. Within a run an engine answers
+  answers a run, one variant after the other in an order rotated per run, the variants of one engine apart (a
+  variant never answers the questions whose postings its sibling has just read). Within a run an engine answers
   consecutive different questions, as a search server would (its code stays in the core's caches, each new
   question's postings mostly not), and runs are short, so the load of a shared machine falls on all alike;
   per question the median over repetitions, then percentiles; wall time and the calling thread's CPU time;
@@ -196,7 +197,6 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(rows + [""] + notes)
 
 
-
 # ---- realistic mode ---------------------------------------------------------------------------------------------
 
 def _realistic_corpus(args: argparse.Namespace) -> tuple[Path, dict]:
@@ -259,7 +259,10 @@ def interleaved_worker(args: argparse.Namespace) -> dict:
         eng.open(args.workdir / f"{corpus.stem}-{name}")
         engines[name] = eng
         print(f"  {name} open: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    entries = [(label, name, prep, run) for name, eng in engines.items() for label, prep, run in eng.variants()]
+    # Variants of one engine share its data in the caches: order them apart (each engine's first variant, then
+    # each one's second, ...), so that no variant answers questions whose postings its sibling has just read.
+    by_engine = [[(label, name, prep, run) for label, prep, run in eng.variants()] for name, eng in engines.items()]
+    entries = [v[i] for i in range(max(map(len, by_engine))) for v in by_engine if i < len(v)]
     prepared = {label: {qs: [prep(q) for q in queries[qs]] for qs in QUERY_SETS} for label, _, prep, _ in entries}
     t0 = time.perf_counter()
     for label, _, _, run in entries:  # JIT compilers (numba, the JVM's) and caches
@@ -289,7 +292,8 @@ def interleaved_worker(args: argparse.Namespace) -> dict:
         print(f"  repetition {rep + 1}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     out: dict = {"ks": ks, "repeat": args.repeat, "warmup": args.warmup, "core": args.core,
                  "run_length": args.run_length,
-                 "queries": {qs: len(v) for qs, v in queries.items()}, "labels": [e[0] for e in entries],
+                 "queries": {qs: len(v) for qs, v in queries.items()},
+                 "labels": [e[0] for v in by_engine for e in v],
                  "engine_of": {e[0]: e[1] for e in entries}, "search": {}}
     per_query = {}  # label -> set -> [k, query] median ms
     out["cpu"] = {}  # the same from the calling thread's CPU time: every engine answers in the calling thread,
@@ -318,12 +322,12 @@ def _ragserve_checks(eng, queries: dict, prepared: dict, ks: list[int], per_quer
     classes with every engine's p50 in each."""
     import numpy as np
 
-    from ragserve.kernels.cpu.backend import CpuBackend
+    from ragserve.kernels.cpu.backend import CpuBackend, CpuTuning
 
     searcher = eng.searcher
     ix = searcher.index
     pruned = searcher.backend
-    full = CpuBackend(ix, threads=1, prune=False)
+    full = CpuBackend(ix, threads=1, prune=False, tuning=CpuTuning(resident=False))  # no second copy in memory
     df = np.asarray(ix.df)
     label = "ragserve (analysed query)"
     checks = {"compared": 0, "mismatches": 0, "mismatched": []}
