@@ -91,6 +91,7 @@ def main() -> None:
                          "is given instead)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--append", action="store_true", help="add the runs to those already in --json")
     args = ap.parse_args()
     model = args.model
     if not model:
@@ -104,6 +105,10 @@ def main() -> None:
     embedder = Embedder(model, device=args.device)
     report = {"model": embedder.info.name, "segment_tokens": args.segment_tokens, "bank_backend": args.backend,
               "encoder_device": embedder.device, "command": " ".join(sys.argv), "runs": []}
+    if args.append and args.json and Path(args.json).is_file():
+        earlier = json.loads(Path(args.json).read_text())
+        report["command"] = f"{earlier['command']}; then {report['command']}"
+        report["runs"] = earlier["runs"]
     for tokens in (size_arg(t) for t in args.tokens.split(",")):
         row: dict = {"asked_tokens": tokens}
         for name, keep in (("questions_kept", True), ("questions_recall_only", False)):
