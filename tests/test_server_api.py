@@ -5,6 +5,7 @@ import json
 import random
 import re
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -180,16 +181,26 @@ def test_metrics_count_requests_and_stage_times(server):
     for _ in range(3):
         assert post(server, "/v1/search", {"queries": ["gun control", "school uniforms"], "k": 3}).status_code == 200
     assert post(server, "/v1/search", {"query": ""}).status_code == 400
-    r = requests.get(server.url + "/metrics", timeout=10)
-    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    after = parse_metrics(r.text)
-    assert after[key] - before.get(key, 0) == 3
     k400 = key.replace('"200"', '"400"')
+    lat = 'ragserve_http_request_duration_seconds_count{endpoint="/v1/search"}'
+
+    def scrape() -> dict:
+        r = requests.get(server.url + "/metrics", timeout=10)
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return parse_metrics(r.text)
+
+    # A request is counted when the server closes its body, which may come just after the client has read it.
+    after = scrape()
+    for _ in range(50):
+        if after.get(lat, 0) - before.get(lat, 0) >= 4:
+            break
+        time.sleep(0.05)
+        after = scrape()
+    assert after[key] - before.get(key, 0) == 3
     assert after[k400] - before.get(k400, 0) == 1
     assert after["ragserve_search_queries_total"] - before.get("ragserve_search_queries_total", 0) == 6
     for stage in ("prepare", "relevancy", "retrieval"):
         assert after[f'ragserve_search_stage_seconds_total{{stage="{stage}"}}'] > 0
-    lat = 'ragserve_http_request_duration_seconds_count{endpoint="/v1/search"}'
     assert after[lat] - before.get(lat, 0) == 4
     assert after['ragserve_http_request_duration_seconds_bucket{endpoint="/v1/search",le="+Inf"}'] == after[lat]
     assert after["ragserve_retrieval_seconds_count"] >= 3
