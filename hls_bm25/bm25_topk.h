@@ -17,6 +17,17 @@
 #define BM25_POSTINGS_PER_WORD 16
 #define BM25_NORMS_PER_WORD 64
 
+// Lanes: a CU scores and accumulates BM25_LANES postings a cycle, lane j owning the docs with docid % BM25_LANES == j
+// of the current block (their norms, f64 accumulators and touched list). The reader hands postings to the lanes in
+// chunks of up to BM25_CHUNK_BEATS beats of one block entry; within a chunk each lane takes one of its postings a
+// cycle, so a chunk takes as many cycles as its most loaded lane (the conflict rounds).
+#define BM25_LANES 16
+#define BM25_LANE_BITS 4
+#define BM25_CHUNK_BEATS 32
+// Cycles the lanes wait between two terms of a block, so a doc's next term reads its updated f64 sum (the depth of
+// the accumulator's read-add-write; within one term the docids are distinct and no wait is needed).
+#define BM25_ACC_GAP 12
+
 struct PostWord {
     uint32_t p[BM25_POSTINGS_PER_WORD];
 };
@@ -30,18 +41,22 @@ struct NormWord {
 enum Bm25Stat {
     ST_TERMS = 0,         // query terms read (2 query words each)
     ST_TABLE_READS,       // term setup reads: term_ptr[t], term_ptr[t+1], and blk_id/blk_start of the first entry
-    ST_BLOCK_LOOP,        // blocks of the shard walked by the reader
+    ST_BLOCK_LOOP,        // blocks of the shard walked by the planner
     ST_SCAN,              // term-scan iterations (blocks x terms, on chip)
-    ST_BLOCKS,            // blocks with at least one entry (norms loaded, accumulator flushed)
+    ST_BLOCKS,            // blocks with at least one entry (norms loaded, accumulators flushed)
     ST_NORM_WORDS,        // 512-bit norm words read
     ST_ENTRIES,           // block entries streamed
     ST_ENTRY_READS,       // table reads per entry: blk_start[e+1], and blk_id[e+1] when the term has another
-    ST_POSTING_WORDS,     // 512-bit posting words read
-    ST_POSTINGS,          // postings streamed by the reader
-    ST_SCORED,            // postings scored
-    ST_ACCUMULATED,       // postings accumulated
-    ST_CANDIDATES,        // accumulator flush iterations = docs with at least one term, summed over blocks
-    ST_INSERTS,           // candidates that entered the running top-k (data dependent; not modelled)
+    ST_POSTING_WORDS,     // 512-bit posting words read (one a cycle)
+    ST_POSTINGS,          // postings handed to the lanes
+    ST_CHUNKS,            // posting chunks (<= BM25_CHUNK_BEATS beats of one entry)
+    ST_NORM_FLUSH,        // norm-load / flush rows: per block, max(its norm words, the previous block's), + the last
+    ST_ROUNDS,            // lane rounds: per chunk, the postings of its most loaded lane
+    ST_LANE_STALLS,       // cycles the lanes wait between the terms of a block (BM25_ACC_GAP each)
+    ST_SCORED,            // postings scored and accumulated (over all lanes)
+    ST_CANDIDATES,        // docs with at least one term, summed over blocks
+    ST_CAND_ROWS,         // flush rows (64 docs) with at least one candidate, offered to the top-k
+    ST_INSERTS,           // candidates past the lane filter, one insert cycle each (data dependent; not modelled)
     ST_RESULTS,           // results written
     BM25_NUM_STATS
 };

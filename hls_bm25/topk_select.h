@@ -54,4 +54,46 @@ shift:
     return true;
 }
 
+// Priority encoder: the lowest set bit of a non-zero mask.
+inline uint32_t lowest_lane(uint64_t mask) {
+#pragma HLS inline
+    uint32_t l = 0;
+lowest:
+    for (int b = 63; b >= 0; --b) {
+#pragma HLS unroll
+        if ((mask >> b) & 1u) l = static_cast<uint32_t>(b);
+    }
+    return l;
+}
+
+// A row of LANES candidates a cycle (bit l of valid marks lane l's as real): all are compared with the current
+// k-th entry at once, and only those that beat it go to the one-a-cycle insert above, so a row none of whose
+// candidates can enter costs one cycle. A candidate past the filter may still fail against a k-th raised by an
+// earlier lane of its row (topk_offer rechecks). Returns the candidates past the filter (the insert cycles spent).
+template <uint32_t MAX_K, uint32_t LANES>
+uint32_t topk_offer_row(float top_s[MAX_K], uint32_t top_i[MAX_K], uint32_t k, uint32_t& n, const float s[LANES],
+                        const uint32_t id[LANES], uint64_t valid) {
+#pragma HLS inline
+    static_assert(LANES <= 64, "one bit a lane in a 64-bit mask");
+    const float kth_s = top_s[k - 1];
+    const uint32_t kth_i = top_i[k - 1];
+    uint64_t pass = 0;
+filter:
+    for (uint32_t l = 0; l < LANES; ++l) {
+#pragma HLS unroll
+        pass |= static_cast<uint64_t>(((valid >> l) & 1u) && topk_better(s[l], id[l], kth_s, kth_i)) << l;
+    }
+    uint32_t offered = 0;
+insert:
+    while (pass != 0) {
+#pragma HLS pipeline II = 1
+#pragma HLS loop_tripcount max = 64
+        const uint32_t l = lowest_lane(pass);
+        pass &= pass - 1;
+        ++offered;
+        topk_offer<MAX_K>(top_s, top_i, k, n, s[l], id[l]);
+    }
+    return offered;
+}
+
 #endif

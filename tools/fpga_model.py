@@ -1,12 +1,14 @@
 """Performance model of the ``bm25_topk`` kernel (``hls_bm25/bm25_topk.cpp``). Every figure it gives is MODELLED.
 
 Two halves:
-- ``predict_counts``: what the kernel does for each query on each shard (loop trip counts, words read), computed
-  from the index's block tables and posting lists alone, without running the kernel. The C simulation exports
-  the same counters (``out_stats``); tests assert both agree exactly, so the model describes the code as written.
+- ``predict_counts``: what the kernel does for each query on each shard (loop trip counts, words read, the lanes'
+  conflict rounds), computed from the index's block tables and posting lists alone, without running the kernel.
+  The C simulation exports the same counters (``out_stats``); tests assert both agree exactly, so the model
+  describes the code as written.
 - ``kernel_cycles`` / ``launch_seconds``: cycles per dataflow stage from those counts, with the initiation
   intervals and burst widths of the source and the latencies of ``KernelParams`` (assumptions, listed there),
   and the time of a launch: one CU per shard running in parallel, several queries per launch.
+  ``bank_utilisation``: the share of each CU's pseudo-channel bandwidth its reads and writes use.
 """
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from indexer.reader import IndexReader
-from ragserve.kernels.fpga.host import CACHE_SIZE, NUM_STATS, STAT_NAMES
+from ragserve.kernels.fpga.host import ACC_GAP, CACHE_SIZE, CHUNK_BEATS, LANES, NUM_STATS, STAT_NAMES
 from indexer.bm25 import QueryTerms
 
 S = {name: i for i, name in enumerate(STAT_NAMES)}
 POSTINGS_PER_WORD = 16
 NORMS_PER_WORD = 64
-# Counters the model predicts exactly; "inserts" depends on the order scores arrive in and costs no cycle of its own.
+# Counters the model predicts exactly; "inserts" depends on the order scores arrive in (``predict_counts`` fills in
+# its expected value for candidates in random order).
 PREDICTED = tuple(n for n in STAT_NAMES if n != "inserts")
 
 
@@ -34,7 +37,7 @@ class KernelParams:
     bank_bytes_per_s: float = 460e9 / 32  # one U55C HBM2 pseudo-channel: 460 GB/s over 32
     word_bytes: int = 64  # 512-bit m_axi beat
     mem_latency: int = 48  # cycles for a dependent HBM read (about 160 ns at 300 MHz)
-    depth_read: int = 4  # posting-burst loop pipeline depth after the first beat
+    depth_read: int = 4  # posting-beat loop pipeline depth after the first beat
     depth_score: int = 40  # f32 mul + add + div + sub, norm and cache lookups
     depth_acc: int = 12  # f64 add and URAM read/write
     depth_flush: int = 4
@@ -46,6 +49,16 @@ class KernelParams:
     def words_per_cycle(self) -> float:
         """512-bit beats a bank delivers per kernel cycle (< 1: a wide burst is bank-bound at 300 MHz)."""
         return min(1.0, self.bank_bytes_per_s / self.clock_hz / self.word_bytes)
+
+
+def _entry_postings(sh, ent: np.ndarray, s0: np.ndarray, s1: np.ndarray):
+    """Every posting of the given entries: (entry number, position in the entry's postings, posting word)."""
+    n = s1 - s0
+    total = int(n.sum())
+    which = np.repeat(np.arange(ent.size), n)
+    first = np.concatenate([[0], np.cumsum(n)[:-1]])
+    pos = np.arange(total, dtype=np.int64) - first[which]
+    return which, pos, np.asarray(sh.postings, dtype=np.uint32)[s0[which] + pos].astype(np.int64)
 
 
 def _shard_counts(index: IndexReader, sh, q: QueryTerms, k: int, block_bits: int) -> np.ndarray:
@@ -67,30 +80,50 @@ def _shard_counts(index: IndexReader, sh, q: QueryTerms, k: int, block_bits: int
     ent = np.concatenate([np.arange(a, b) for a, b in zip(e0, e1) if b > a])
     s0 = np.asarray(sh.blk_start[ent], dtype=np.int64)
     s1 = np.asarray(sh.blk_start[ent + 1], dtype=np.int64)
-    blocks = np.unique(np.asarray(sh.blk_id[ent], dtype=np.int64))
+    blk = np.asarray(sh.blk_id[ent], dtype=np.int64)
+    blocks = np.unique(blk)
     first_doc = blocks << block_bits
     block_docs = np.minimum(sh.doc_end - first_doc, 1 << block_bits)
     c[S["blocks"]] = blocks.size
     c[S["norm_words"]] = int(((block_docs + NORMS_PER_WORD - 1) // NORMS_PER_WORD).sum())
     c[S["entries"]] = ent.size
     c[S["entry_reads"]] = ent.size + int((n_ent[n_ent > 0] - 1).sum())
-    c[S["posting_words"]] = int(((s1 - 1) // POSTINGS_PER_WORD - s0 // POSTINGS_PER_WORD + 1)[s1 > s0].sum())
+    full = s1 > s0
+    words = np.where(full, (s1 - 1) // POSTINGS_PER_WORD - s0 // POSTINGS_PER_WORD + 1, 0)
+    c[S["posting_words"]] = int(words.sum())
+    chunks = -(-words // CHUNK_BEATS)
+    c[S["chunks"]] = int(chunks.sum())
     npost = int((s1 - s0).sum())
-    c[S["postings"]] = c[S["scored"]] = c[S["accumulated"]] = npost
+    c[S["postings"]] = c[S["scored"]] = npost
+    # A block's terms after its first wait for the accumulators (entries with postings only).
+    per_block = np.bincount(np.searchsorted(blocks, blk[full]), minlength=blocks.size)
+    c[S["lane_stalls"]] = ACC_GAP * int(np.maximum(per_block - 1, 0).sum())
+    which, pos, p = _entry_postings(sh, ent, s0, s1)
+    local = p >> index.tf_bits
+    # Rounds: per chunk (CHUNK_BEATS beats of one entry, counted from the entry's first beat), its busiest lane.
+    chunk_first = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    beat = (s0[which] + pos) // POSTINGS_PER_WORD - s0[which] // POSTINGS_PER_WORD
+    chunk = chunk_first[which] + beat // CHUNK_BEATS
+    lane_load = np.bincount(chunk * LANES + (local & (LANES - 1)), minlength=int(chunks.sum()) * LANES)
+    c[S["rounds"]] = int(lane_load.reshape(-1, LANES).max(axis=1).sum())
     # Docs with at least one query term, marked in the shard's doc range (a sort-free distinct count: np.unique
-    # of a 21M-doc index's postings took seconds a query).
-    seen = np.zeros(sh.doc_end - sh.doc_start, dtype=np.bool_)
-    for e, a, b in zip(ent.tolist(), s0.tolist(), s1.tolist()):
-        p = np.asarray(sh.postings[a:b], dtype=np.int64)
-        seen[(int(sh.blk_id[e]) << block_bits) - sh.doc_start + (p >> index.tf_bits)] = True
+    # of a 21M-doc index's postings took seconds a query); the flush offers the 64-doc rows holding one.
+    span = (sh.block_end - sh.block_start) << block_bits
+    seen = np.zeros(span, dtype=np.bool_)
+    seen[(blk[which] << block_bits) - sh.doc_start + local] = True
     ncand = int(np.count_nonzero(seen))
     c[S["candidates"]] = ncand
+    c[S["cand_rows"]] = int(np.count_nonzero(seen.reshape(-1, NORMS_PER_WORD).any(axis=1)))
+    # A block's norms load while the previous visited block is flushed (as many rows as it had norm words).
+    nw = (block_docs + NORMS_PER_WORD - 1) // NORMS_PER_WORD
+    c[S["norm_flush"]] = int(np.maximum(nw, np.concatenate([[0], nw[:-1]])).sum() + nw[-1])
+    c[S["inserts"]] = round(expected_inserts(ncand, k))
     c[S["results"]] = min(k, ncand)
     return c
 
 
 def predict_counts(index: IndexReader, queries: list[QueryTerms], k: int) -> np.ndarray:
-    """Kernel counters per query and shard, ``[n_queries, n_shards, NUM_STATS]``; ``inserts`` is left 0."""
+    """Kernel counters per query and shard, ``[n_queries, n_shards, NUM_STATS]``; ``inserts`` is an expectation."""
     block_bits = index.block_size.bit_length() - 1
     out = np.zeros((len(queries), len(index.shards), NUM_STATS), dtype=np.int64)
     for j, sh in enumerate(index.shards):
@@ -105,18 +138,19 @@ def stage_cycles(counts: np.ndarray, p: KernelParams = KernelParams()) -> dict[s
     L = p.mem_latency
     bank_bound = 1.0 / p.words_per_cycle
     active = (c["terms"] > 0).astype(np.float64)
-    reader = (active * (L + 2 * L)  # q_off, then the dependent term_ptr -> blk_id/blk_start reads
-              + 4 * c["terms"]  # term setup: 4 table reads per term on one port, II=4
-              + p.loop_overhead * c["block_loop"] + c["scan"]  # block walk, on-chip term scan at II=1
-              + c["blocks"] * L + c["norm_words"] * bank_bound  # norm bursts
-              # per entry: blk_start[e+1] and blk_id[e+1] reads, first-beat latency, then one posting per cycle
-              + c["entries"] * (3 * L + p.depth_read) + c["postings"])
-    scorer = c["norm_words"] + c["blocks"] * p.depth_read + c["entries"] * p.depth_score + c["scored"]
-    accumulator = (c["entries"] * p.depth_acc + c["accumulated"]
-                   + c["blocks"] * p.depth_flush + c["candidates"])
-    topk = c["candidates"] + active * p.depth_topk + c["results"]
+    planner = (active * (L + 2 * L)  # q_off, then the dependent term_ptr -> blk_id/blk_start reads
+               + 4 * c["terms"]  # term setup: 4 table reads per term on one port, II=4
+               + p.loop_overhead * c["block_loop"] + c["scan"]  # block walk, on-chip term scan at II=1
+               + c["blocks"] * L + 2 * c["entries"])  # per visited block a pipelined entry loop at II=2
+    # Per visited block: the norm burst and the posting-beat loop each wait one latency for their first beat,
+    # then read one beat a cycle as far as the bank delivers; the loop's last iteration takes the end command.
+    reader = (c["blocks"] * (2 * L + p.depth_read + 1 + p.loop_overhead)
+              + (c["norm_words"] + c["posting_words"]) * bank_bound)
+    lanes = (c["norm_flush"] + c["rounds"] + c["lane_stalls"]  # norm load / flush rows, then a round a cycle
+             + c["blocks"] * (p.depth_score + p.depth_acc + 1 + p.loop_overhead) + active * p.depth_flush)
+    topk = c["cand_rows"] + c["inserts"] + active * p.depth_topk + c["results"]
     writer = c["results"] + NUM_STATS
-    return {"reader": reader, "scorer": scorer, "accumulator": accumulator, "topk": topk, "writer": writer}
+    return {"planner": planner, "reader": reader, "lanes": lanes, "topk": topk, "writer": writer}
 
 
 def kernel_cycles(counts: np.ndarray, p: KernelParams = KernelParams()) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +180,52 @@ def hbm_bytes(counts: np.ndarray, k: int, p: KernelParams = KernelParams()) -> n
     words = (c["posting_words"] + c["norm_words"]) * p.word_bytes
     narrow = 4 * (c["table_reads"] + c["entry_reads"] + 2 * c["terms"] + 2)
     return words + narrow + 8 * c["results"] + 4 * NUM_STATS
+
+
+def bank_utilisation(counts: np.ndarray, k: int, p: KernelParams = KernelParams()) -> np.ndarray:
+    """Per shard (= CU = pseudo-channel): the bytes its queries move over the time its CU runs them, as a share
+    of the channel's bandwidth (``counts`` is ``[n_queries, n_shards, NUM_STATS]``)."""
+    est, _ = kernel_cycles(counts, p)
+    seconds = est.sum(axis=0) / p.clock_hz
+    return hbm_bytes(counts, k, p).sum(axis=0) / np.maximum(seconds, 1e-12) / p.bank_bytes_per_s
+
+
+# ---- statistics of a corpus too large to index here ----------------------------------------------------------------
+# Lane loads of a chunk when a term's postings are spread uniformly over the docids (each doc holds the term with
+# probability p, independently): the gaps between its docids are geometric, the lane is docid % LANES.
+
+_ROUND_P = np.geomspace(1e-6, 1.0, 61)
+_ROUND_M = POSTINGS_PER_WORD * CHUNK_BEATS
+
+
+def _rounds_table(trials: int = 96, seed: int = 0) -> np.ndarray:
+    """[len(_ROUND_P), _ROUND_M + 1]: the expected postings of the busiest lane among the first m of a chunk."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((_ROUND_P.size, _ROUND_M + 1))
+    for i, pr in enumerate(_ROUND_P):
+        gaps = rng.geometric(pr, size=(trials, _ROUND_M))
+        lane = (rng.integers(0, LANES, size=(trials, 1)) + np.cumsum(gaps, axis=1)) % LANES
+        loads = np.cumsum(lane[..., None] == np.arange(LANES), axis=1)  # [trials, m, lanes]
+        out[i, 1:] = loads.max(axis=2).mean(axis=0)
+    return out
+
+
+_TABLE: list[np.ndarray] = []
+
+
+def expected_rounds(p: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Expected lane rounds of a chunk of ``m`` postings (m <= one chunk, fractional allowed) of a term of
+    document frequency ``p`` (per doc)."""
+    if not _TABLE:
+        _TABLE.append(_rounds_table())
+    t = _TABLE[0]
+    lp = np.interp(np.log(np.clip(p, _ROUND_P[0], 1.0)), np.log(_ROUND_P), np.arange(_ROUND_P.size))
+    m = np.clip(m, 0.0, _ROUND_M)
+    i0 = np.minimum(np.floor(lp).astype(int), _ROUND_P.size - 2)
+    m0 = np.minimum(np.floor(m).astype(int), _ROUND_M - 1)
+    fp, fm = lp - i0, m - m0
+    row = lambda i: t[i, m0] * (1 - fm) + t[i, m0 + 1] * fm  # noqa: E731
+    return row(i0) * (1 - fp) + row(i0 + 1) * fp
 
 
 # ---- attn_topk (hls_bm25/attn_topk.cpp): sparse attention's inner product + reduction + top-k --------------------

@@ -25,8 +25,12 @@ MIN_BLOCK_BITS = 6
 MAX_BLOCK_BITS = 18
 CACHE_SIZE = 256
 WORD_BYTES = 64  # one 512-bit HBM beat
+LANES = 16  # postings scored a cycle by a CU; lane = docid % LANES
+CHUNK_BEATS = 32  # posting beats of one entry handed to the lanes at once
+ACC_GAP = 12  # cycles the lanes wait between two terms of a block
 STAT_NAMES = ("terms", "table_reads", "block_loop", "scan", "blocks", "norm_words", "entries", "entry_reads",
-              "posting_words", "postings", "scored", "accumulated", "candidates", "inserts", "results")
+              "posting_words", "postings", "chunks", "norm_flush", "rounds", "lane_stalls", "scored", "candidates",
+              "cand_rows", "inserts", "results")
 NUM_STATS = len(STAT_NAMES)
 DEFAULT_BATCH = 32
 
