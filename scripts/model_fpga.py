@@ -1,14 +1,16 @@
 """MODELLED bm25_topk kernel time per query beside MEASURED CPU-backend time (and, with --attention, the
 MODELLED attn_topk memory-processing time of a sparse attention decode step).
 
-    python scripts/model_fpga.py --work DIR [--synth-docs 1000000] [--k 10 1000] [--batch 32] [--out FILE.md]
+    python scripts/model_fpga.py --work DIR [--synth-docs 1000000] [--k 10 1000] [--batch 32] [--no-cpu] [--out FILE.md]
     python scripts/model_fpga.py --attention [--contexts 32768 131072 1048576] [--batch 1 8] [--out FILE.md]
 
 Corpora: BEIR ArguAna, the HotpotQA dev (IRCoT) paragraphs, a synthetic Wikipedia-like corpus (indexer/synth.py)
 of --synth-docs passages, and 21,015,324 passages (the DPR Wikipedia split's size) whose posting statistics are
-extrapolated from the synthetic index (see ``extrapolated_counts``). Corpora and indexes are built under DIR on
-first use. Every FPGA figure is a model (tools/fpga_model.py, KernelParams): no card was used; the
-counts it starts from equal the C simulation's counters (tests/test_fpga_model.py). CPU times are measured here.
+extrapolated from the synthetic index (see ``extrapolated_counts``), laid out as ``ragserve index`` does (512 MiB
+banks) and over all 32 pseudo-channels. Corpora and indexes are built under DIR on first use. Every FPGA figure is
+a model (tools/fpga_model.py, KernelParams): no card was used; the counts it starts from equal the C simulation's
+counters (tests/test_fpga_model.py). CPU times are measured here. The verdict compares the 21M model with the
+H200's measured single-query p50 and batched q/s (--h200, a raw bench_gpu.py JSON), workload by workload.
 """
 from __future__ import annotations
 
@@ -128,6 +130,7 @@ def model_row(counts: np.ndarray, k: int, batch: int, p: M.KernelParams) -> dict
     launch = M.launch_seconds(est, batch, p)
     bytes_q = M.hbm_bytes(counts, k, p)
     busiest = est.max(axis=1) / p.clock_hz
+    banks = M.bank_utilisation(counts, k, p)
     return {
         "shards": counts.shape[1],
         "postings_per_query": float(counts[..., M.S["postings"]].sum(axis=1).mean()),
@@ -135,7 +138,8 @@ def model_row(counts: np.ndarray, k: int, batch: int, p: M.KernelParams) -> dict
         "kernel_serial_us": float((serial.max(axis=1) / p.clock_hz).mean() * 1e6),
         "batched_us": float(launch.sum() / counts.shape[0] * 1e6),
         "hbm_mb_per_query": float(bytes_q.sum(axis=1).mean() / 1e6),
-        "bank_util": float((bytes_q.max(axis=1) / np.maximum(busiest, 1e-12)).mean() / p.bank_bytes_per_s),
+        "bank_util": [float(u) for u in banks],
+        "rounds_per_beat": float(counts[..., M.S["rounds"]].sum() / max(1, counts[..., M.S["posting_words"]].sum())),
         "stage_share": {s: float(v.max(axis=1).sum() / est.max(axis=1).sum())
                         for s, v in M.stage_cycles(counts, p).items()},
     }
@@ -145,15 +149,18 @@ def model_row(counts: np.ndarray, k: int, batch: int, p: M.KernelParams) -> dict
 
 
 def extrapolated_counts(index: IndexReader, queries: list[QueryTerms], n_docs: int, vocab_size: int, k: int,
-                        block_size: int = 1 << 18, bank_bytes: int = 512 << 20) -> np.ndarray:
+                        block_size: int = 1 << 18, bank_bytes: int = 512 << 20,
+                        shards: int | None = None) -> np.ndarray:
     """Expected kernel counters for the same generator at ``n_docs`` passages, from a smaller synthetic index.
 
     The synthetic generator draws every passage independently from one word distribution, so a term's document
     frequency grows in proportion to the corpus (df' = df * n_docs / N) and different terms occur independently.
     Postings are spread uniformly over docids. Per term t and doc block b (d_b docs, p_t = df'_t / n_docs):
-    postings p_t d_b, P(entry) = 1 - (1 - p_t)^d_b, beats 1 + (postings - 1)/16 per entry; per block
-    P(visited) = 1 - prod_t (1 - P(entry)) and candidates d_b (1 - prod_t (1 - p_t)). Shards are filled with
-    whole blocks up to ``bank_bytes`` (FORMAT.md's shard size with the scaled posting and entry totals)."""
+    postings p_t d_b, P(entry) = 1 - (1 - p_t)^d_b, beats 1 + (postings - 1)/16 per entry, lane rounds from the
+    uniform-docid table of ``fpga_model.expected_rounds``; per block P(visited) = 1 - prod_t (1 - P(entry)),
+    candidates d_b q with q = 1 - prod_t (1 - p_t), candidate rows d_b / 64 (1 - (1 - q)^64). Shards are filled
+    with whole blocks up to ``bank_bytes`` (FORMAT.md's shard size with the scaled posting and entry totals), or
+    the blocks are split into ``shards`` runs that differ by at most one block."""
     factor = n_docs / index.num_docs
     nb = -(-n_docs // block_size)
     docs = np.full(nb, float(block_size))
@@ -165,31 +172,50 @@ def extrapolated_counts(index: IndexReader, queries: list[QueryTerms], n_docs: i
     entries = float(hit_blocks.sum()) + (vocab_size - index.vocab_size)  # new terms: rare, one entry each
     per_block = (4 * postings + 13 * entries) / nb + block_size
     fixed = 4 * (vocab_size + 1) + 4
-    per_shard = max(1, int((bank_bytes - fixed) // per_block))
-    shards = [range(s, min(nb, s + per_shard)) for s in range(0, nb, per_shard)]
-    out = np.zeros((len(queries), len(shards), M.NUM_STATS))
+    if shards:
+        runs = [r for r in np.array_split(np.arange(nb), shards) if r.size]
+    else:
+        per_shard = max(1, int((bank_bytes - fixed) // per_block))
+        runs = [np.arange(s, min(nb, s + per_shard)) for s in range(0, nb, per_shard)]
+    chunk_postings = M.POSTINGS_PER_WORD * M.CHUNK_BEATS
+    out = np.zeros((len(queries), len(runs), M.NUM_STATS))
     for i, q in enumerate(queries):
         p = df_all[q.term_ids.astype(np.int64)] / n_docs  # [T]
         nt = p.size
-        for j, blocks in enumerate(shards):
-            b = np.asarray(blocks)
+        q_any = 1.0 - np.prod(1.0 - p)
+        for j, blocks in enumerate(runs):
+            b = blocks
             d = docs[b]
             hit = 1.0 - np.power.outer(1.0 - p, d)  # [T, blocks]
             npost = p[:, None] * d[None, :]
             any_entry = 1.0 - np.prod(1.0 - hit, axis=1)
             visited = 1.0 - np.prod(1.0 - hit, axis=0)
+            n_hit = np.maximum(npost / np.maximum(hit, 1e-300), 1.0)  # postings of an entry, given it exists
+            beats_hit = 1.0 + (n_hit - 1.0) / M.POSTINGS_PER_WORD
+            full = np.floor(n_hit / chunk_postings)
+            pt = np.broadcast_to(p[:, None], n_hit.shape)
+            rounds_hit = (full * M.expected_rounds(pt, np.full(n_hit.shape, float(chunk_postings)))
+                          + M.expected_rounds(pt, n_hit - full * chunk_postings))
+            nwords = np.ceil(d / M.NORMS_PER_WORD)
             c = out[i, j]
             c[M.S["terms"]] = nt
             c[M.S["table_reads"]] = 2 * nt + 2 * any_entry.sum()
             c[M.S["block_loop"]] = b.size
             c[M.S["scan"]] = b.size * nt
             c[M.S["blocks"]] = visited.sum()
-            c[M.S["norm_words"]] = (visited * np.ceil(d / 64)).sum()
+            c[M.S["norm_words"]] = (visited * nwords).sum()
             c[M.S["entries"]] = hit.sum()
             c[M.S["entry_reads"]] = 2 * hit.sum() - any_entry.sum()
-            c[M.S["posting_words"]] = (hit + (npost - hit) / 16).sum()
-            c[M.S["postings"]] = c[M.S["scored"]] = c[M.S["accumulated"]] = npost.sum()
-            c[M.S["candidates"]] = d.sum() * (1.0 - np.prod(1.0 - p))
+            c[M.S["posting_words"]] = (hit * beats_hit).sum()
+            c[M.S["postings"]] = c[M.S["scored"]] = npost.sum()
+            c[M.S["chunks"]] = (hit * np.ceil(beats_hit / M.CHUNK_BEATS)).sum()
+            c[M.S["rounds"]] = (hit * rounds_hit).sum()
+            c[M.S["lane_stalls"]] = M.ACC_GAP * np.maximum(hit.sum(axis=0) - visited, 0.0).sum()
+            # The last visited block's flush runs alone after the shard's blocks.
+            c[M.S["norm_flush"]] = c[M.S["norm_words"]] + nwords.max() * (1.0 - np.prod(1.0 - visited))
+            c[M.S["candidates"]] = d.sum() * q_any
+            c[M.S["cand_rows"]] = (nwords * (1.0 - (1.0 - q_any) ** M.NORMS_PER_WORD)).sum()
+            c[M.S["inserts"]] = M.expected_inserts(c[M.S["candidates"]], k)
             c[M.S["results"]] = min(k, c[M.S["candidates"]])
     return out
 
@@ -205,11 +231,51 @@ def heaps_vocab(small: IndexReader, large: IndexReader, n_docs: int) -> int:
 
 def fmt_row(name: str, ix_docs: int, layout: str, nq: int, cpu: dict, mod: dict, merge_us: float) -> str:
     cpu_s = " / ".join(f"{cpu[k] * 1e3:.3f}" if cpu.get(k) is not None else "n/a" for k in sorted(cpu))
-    speed = " / ".join(f"{cpu[k] / ((mod['batched_us'] + merge_us) * 1e-6):.1f}x" if cpu.get(k) else "n/a"
-                       for k in sorted(cpu))
+    util = mod["bank_util"]
     return (f"| {name} | {ix_docs:,} | {layout} | {nq} | {mod['postings_per_query']:,.0f} | {cpu_s} | "
             f"{mod['kernel_us']:.1f} ({mod['kernel_serial_us']:.1f}) | {mod['batched_us']:.1f} + {merge_us:.1f} | "
-            f"{speed} | {mod['hbm_mb_per_query']:.2f} / {100 * mod['bank_util']:.0f}% |")
+            f"{mod['hbm_mb_per_query']:.2f} | {100 * min(util):.0f}-{100 * max(util):.0f}% | "
+            f"{mod['rounds_per_beat']:.2f} |")
+
+
+def h200_workloads(path: Path) -> list[dict]:
+    """The measured H200 rows of a bench_gpu.py JSON: per question set and k, the postings of its median query,
+    the single-query p50 and the batched q/s."""
+    raw = json.loads(path.read_text())
+    out = []
+    for c in raw["corpora"]:
+        for k, r in c["results"].items():
+            out.append({"workload": c["corpus"], "k": int(k), "postings_p50": c["postings_per_query"]["p50"],
+                        "p50_us": r["gpu"]["p50_ms"] * 1e3, "qps": r["gpu"]["batch_qps"],
+                        "batch": r["gpu"]["batch"]})
+    return out
+
+
+def verdict_table(large: IndexReader, queries: list[QueryTerms], vocab: int, layouts: list[tuple[str, dict]],
+                  gpu: list[dict], batch: int, p: M.KernelParams, nearest: int = 50) -> str:
+    """Per H200 workload: the FPGA model on the ``nearest`` synthetic queries whose 21M postings are closest to the
+    workload's median query, one query a launch and ``batch`` a launch, beside the H200's measured p50 (end to end
+    in its backend) and batched q/s. The FPGA side is kernel + launch overhead only; the host merge of the CUs'
+    lists is measured here apart (this VM, not the H200's host)."""
+    lines = ["| workload (H200 measured) | k | postings: median query (FPGA sample) | H200 p50 us | FPGA layout | "
+             "FPGA MODELLED us, one query a launch | host merge us, measured here | H200 q/s (batch) | "
+             f"FPGA MODELLED q/s, batch {batch} | verdict (FPGA MODELLED / H200) |", "|" + "---|" * 10]
+    for w in gpu:
+        for name, layout in layouts:
+            big = extrapolated_counts(large, queries, DPR_PASSAGES, vocab, w["k"], **layout)
+            post = big[..., M.S["postings"]].sum(axis=1)
+            pick = np.argsort(np.abs(post - w["postings_p50"]))[:nearest]
+            sub = big[pick]
+            est, _ = M.kernel_cycles(sub, p)
+            single_us = float(np.median(M.launch_seconds(est, 1, p))) * 1e6
+            merge_us = merge_seconds_per_query(sub.astype(np.int64), w["k"], 1) * 1e6
+            qps = len(pick) / M.launch_seconds(est, batch, p).sum()
+            lines.append(
+                f"| {w['workload']} | {w['k']} | {w['postings_p50'] / 1e6:.2f}M ({post[pick].mean() / 1e6:.2f}M) | "
+                f"{w['p50_us']:.1f} | {name} | {single_us:.1f} | {merge_us:.1f} | {w['qps']:,.0f} ({w['batch']}) | "
+                f"{qps:,.0f} | latency {w['p50_us'] / single_us:.2f}x, q/s {qps / w['qps']:.2f}x: "
+                f"{'faster before' if single_us < w['p50_us'] else 'slower even before'} the merge |")
+    return "\n".join(lines) + "\n"
 
 
 ATTN_METHODS = ("dsa", "quest", "lserve", "seer-topk")
@@ -247,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=None,
                     help="queries per kernel launch (default 32); with --attention, sequences (default 1 8)")
     ap.add_argument("--cus", type=int, default=8, help="about how many shards (CUs) the spread layouts aim at")
+    ap.add_argument("--no-cpu", action="store_true", help="model only: leave the measured CPU column out")
+    ap.add_argument("--h200", type=Path, default=Path(__file__).resolve().parents[1] / "benchmarks" / "raw" / "gpu"
+                    / "bench_gpu_3bed766_21m.json", help="bench_gpu.py JSON of the 21M H200 run (the verdict)")
     ap.add_argument("--out", type=Path, help="write the markdown table here too")
     args = ap.parse_args(argv)
     if args.attention:
@@ -257,18 +326,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.work is None:
         ap.error("--work is required (or --attention)")
+    if not args.h200.is_file():
+        ap.error(f"--h200 {args.h200}: no such file")
     args.batch = (args.batch or [32])[0]
     p = M.KernelParams()
     k_model = args.k[0]
     lines = ["| corpus | docs | layout: block, shards = CUs | queries | postings/query | CPU measured ms/query "
              f"(k={' / '.join(map(str, sorted(args.k)))}) | FPGA MODELLED kernel us/query, slowest CU (serial bound) | "
-             f"MODELLED us/query, batch {args.batch} + measured host merge | CPU / FPGA-modelled | "
-             "MODELLED HBM MB/query / bank BW used |", "|" + "---|" * 10]
+             f"MODELLED us/query, batch {args.batch} + measured host merge | MODELLED HBM MB/query | "
+             "MODELLED bank BW used, per bank (min-max) | MODELLED lane rounds per posting beat |", "|" + "---|" * 11]
     details = {}
     for c in corpora(args.work, args.synth_docs, args.cus):
         s = Searcher(c.index, backend="cpu")
         queries = [s.analyze(t) for t in c.texts]
-        cpu = {k: cpu_seconds_per_query(s, queries, k) for k in args.k}
+        cpu = {k: None if args.no_cpu else cpu_seconds_per_query(s, queries, k) for k in args.k}
         counts = M.predict_counts(s.index, queries, k_model)
         mod = model_row(counts, k_model, args.batch, p)
         merge_us = merge_seconds_per_query(counts, k_model, args.batch) * 1e6
@@ -293,20 +364,28 @@ def main(argv: list[str] | None = None) -> int:
     exact = M.predict_counts(large.index, queries, k_model)
     chk_model, exact_model = model_row(check, k_model, args.batch, p), model_row(exact, k_model, args.batch, p)
     vocab = heaps_vocab(small, large.index, DPR_PASSAGES)
-    big = extrapolated_counts(large.index, queries, DPR_PASSAGES, vocab, k_model)
-    mod = model_row(big, k_model, args.batch, p)
-    merge_us = merge_seconds_per_query(big.astype(np.int64), k_model, args.batch) * 1e6
-    lines.append(fmt_row(f"synthetic {DPR_PASSAGES / 1e6:.1f}M (extrapolated stats)", DPR_PASSAGES,
-                         f"2^18, {big.shape[1]}", len(queries), {k: None for k in args.k}, mod, merge_us))
-    details["synth-21M"] = {"model": mod, "merge_us": merge_us, "vocab": vocab,
-                            "extrapolation_check": {"from": small.num_docs, "to": large.index.num_docs,
-                                                    "extrapolated": chk_model, "exact": exact_model}}
+    layouts = [("2^18 blocks, 512 MiB banks", {}), ("2^16 blocks, 32 banks", {"block_size": 1 << 16, "shards": 32})]
+    for name, layout in layouts:
+        big = extrapolated_counts(large.index, queries, DPR_PASSAGES, vocab, k_model, **layout)
+        mod = model_row(big, k_model, args.batch, p)
+        merge_us = merge_seconds_per_query(big.astype(np.int64), k_model, args.batch) * 1e6
+        lines.append(fmt_row(f"synthetic {DPR_PASSAGES / 1e6:.1f}M (extrapolated stats)", DPR_PASSAGES,
+                             f"{name}: {big.shape[1]}", len(queries), {k: None for k in args.k}, mod, merge_us))
+        details[f"synth-21M {name}"] = {"model": mod, "merge_us": merge_us}
+    details["synth-21M"] = {"vocab": vocab, "extrapolation_check": {
+        "from": small.num_docs, "to": large.index.num_docs, "extrapolated": chk_model, "exact": exact_model}}
     text = "\n".join(lines)
     text += (f"\n\nExtrapolation check (MODELLED): {small.num_docs:,} -> {large.index.num_docs:,} synthetic docs "
-             f"predicts {chk_model['kernel_us']:.1f} us/query kernel and {chk_model['postings_per_query']:,.0f} "
-             f"postings/query; the exact counts of the {large.index.num_docs:,}-doc index give "
-             f"{exact_model['kernel_us']:.1f} us and {exact_model['postings_per_query']:,.0f}. "
+             f"predicts {chk_model['kernel_us']:.1f} us/query kernel, {chk_model['postings_per_query']:,.0f} "
+             f"postings/query and {chk_model['rounds_per_beat']:.2f} lane rounds a beat; the exact counts of the "
+             f"{large.index.num_docs:,}-doc index give {exact_model['kernel_us']:.1f} us, "
+             f"{exact_model['postings_per_query']:,.0f} and {exact_model['rounds_per_beat']:.2f}. "
              f"Vocabulary at {DPR_PASSAGES:,} docs (Heaps' law): {vocab:,}.\n")
+    for name, _ in layouts:
+        util = details[f"synth-21M {name}"]["model"]["bank_util"]
+        text += (f"\nPer-bank bandwidth used, 21M, {name} (MODELLED, bank 0..{len(util) - 1}): "
+                 + ", ".join(f"{100 * u:.0f}%" for u in util) + "\n")
+    text += "\n" + verdict_table(large.index, queries, vocab, layouts, h200_workloads(args.h200), args.batch, p)
     print(text)
     if args.out:
         args.out.write_text(text + "\n```json\n" + json.dumps(details, indent=1, default=float) + "\n```\n")
