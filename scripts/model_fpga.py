@@ -24,17 +24,20 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.reader import IndexReader
-from indexer.writer import BuildOptions, build_index
-from tools import fpga_model as M
-from ragserve.kernels.fpga.host import LaunchResult, merge_shards
-from indexer.bm25 import QueryTerms
-from ragserve.rag.corpus import dataset_passages, write_corpus
-from ragserve.rag.datasets import read_dataset
-from ragserve.retrieval.searcher import Searcher
-from ragserve.topics import read_queries
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools/ is not part of the installed package
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from indexer.reader import IndexReader  # noqa: E402
+from indexer.writer import BuildOptions, build_index  # noqa: E402
+from tools import fpga_model as M  # noqa: E402
+from ragserve.kernels.fpga.host import LaunchResult, merge_shards  # noqa: E402
+from indexer.bm25 import QueryTerms  # noqa: E402
+from ragserve.rag.corpus import dataset_passages, write_corpus  # noqa: E402
+from ragserve.rag.datasets import read_dataset  # noqa: E402
+from ragserve.retrieval.searcher import Searcher  # noqa: E402
+from ragserve.topics import read_queries  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data"
 DPR_PASSAGES = 21_015_324
 
 
