@@ -19,6 +19,7 @@ def test_triton_attention_kernels_interpreted():
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert '"radix 2x9000 k=2048": true' in r.stdout and '"quest selection": true' in r.stdout
+    assert '"lserve selection = brute force on its scores": true' in r.stdout
 
 
 @pytest.mark.gpu

@@ -224,8 +224,9 @@ class TileScorer:
             return
         # The pair columns start 16-byte aligned: Triton compiles a kernel per pointer alignment it sees.
         ent, pairs, n_units = dev[:3 * n_ent], dev[plan.pairs_at:], n_pairs * self.tpb
-        steps = plan.max_count.bit_length() + 1
-        _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, steps, TILE=self.tile, TPB=self.tpb)
+        # Searches of up to 2^steps postings; rounded up to 8 (extra steps change nothing): few compiled variants.
+        steps = -(-(plan.max_count.bit_length() + 1) // 8) * 8
+        _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, TILE=self.tile, TPB=self.tpb, STEPS=steps)
         if self.copies is not None:
             self.copies.record(self._table_sent, self.stream)
         s = self.settings

@@ -32,9 +32,11 @@ def programs(device: torch.device, per_sm: int) -> int:
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["n_ent", "steps"])
-    def _bounds_kernel(ent, n_ent, post, bounds, tf_bits, steps, TILE: tl.constexpr, TPB: tl.constexpr):
+    @triton.jit(do_not_specialize=["n_ent"])
+    def _bounds_kernel(ent, n_ent, post, bounds, tf_bits, TILE: tl.constexpr, TPB: tl.constexpr, STEPS: tl.constexpr):
         # bounds[e, j] = first posting of entry e whose doc offset is >= j * TILE (binary search per lane).
+        # STEPS is a constexpr: Triton 3.6's interpreter cannot take a runtime scalar as a loop bound (it converts
+        # the 1-element array with int(), which NumPy 2.4 refuses).
         e = tl.program_id(0).to(tl.int64)
         st = tl.load(ent + e)
         cnt = tl.load(ent + n_ent + e)
@@ -42,7 +44,7 @@ if triton is not None:
         target = (j * TILE) << tf_bits
         lo = tl.zeros([TPB], dtype=tl.int64)
         hi = lo + cnt
-        for _ in range(steps):
+        for _ in range(STEPS):
             open_ = lo < hi
             mid = (lo + hi) >> 1
             v = tl.load(post + st + mid, mask=open_, other=0).to(tl.uint32, bitcast=True).to(tl.int64)
