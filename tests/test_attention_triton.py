@@ -18,6 +18,7 @@ def test_triton_attention_kernels_interpreted():
     r = subprocess.run([sys.executable, "-m", "tests.attention_triton_checks", "cpu"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "\"bucket overflow 2x3000 k=700\": true" in r.stdout
     assert '"radix 2x9000 k=2048": true' in r.stdout and '"quest selection": true' in r.stdout
     assert '"lserve selection = brute force on its scores": true' in r.stdout
 

@@ -59,4 +59,7 @@ def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queri
 
 
 if __name__ == "__main__":
+    from tests.interpreter_compat import repair_scalar_index
+
+    repair_scalar_index()
     raise SystemExit(main(*sys.argv[1:]))

@@ -155,8 +155,8 @@ def _decode_kernel(q, keys, values, tokens, valid, m_out, l_out, acc_out, scale,
     m = tl.full([HP], NEG, tl.float32)
     l = tl.zeros([HP], tl.float32)
     acc = tl.zeros([HP, D], tl.float32)
-    for start in range(split * CHUNK, split * CHUNK + CHUNK, BLOCK):
-        j = start + tl.arange(0, BLOCK)
+    for off in range(0, CHUNK, BLOCK):  # constant bounds: Triton 3.6's interpreter cannot loop from a program id
+        j = split * CHUNK + off + tl.arange(0, BLOCK)
         inside = j < sel
         tok = tl.load(tokens + sel_base + j, mask=inside, other=0)
         ok = inside & (tl.load(valid + sel_base + j, mask=inside, other=0) != 0)

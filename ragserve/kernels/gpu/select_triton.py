@@ -10,6 +10,8 @@ as ``topk_rows`` does. A stable sort of those k by score (descending) ranks them
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -127,6 +129,170 @@ def radix_topk(scores: torch.Tensor, k: int, sort: bool = True) -> tuple[torch.T
     _write_pass[grid](s, s.stride(0), n, k, state, counts, nblocks, idx, val, BLOCK=BLOCK,
                       MAXB=triton.next_power_of_2(nblocks))
     if sort:
+        val, order = torch.sort(val, dim=1, descending=True, stable=True)
+        idx = torch.gather(idx, 1, order)
+    return idx, val
+
+
+# -- bucket select: one histogram pass, then the boundary bucket ------------------------------------------------------
+# Every score gets a distinct 63-bit key, its u32 order key above 31 bits of (2^31 - 1 - position): larger is better,
+# and equal scores order by position, so the top k by key are exactly ``topk_rows``'s entries and the k-th largest
+# key is a threshold that no two entries share.
+BUCKET_BITS = tl.constexpr(12)  # the histogram pass resolves the top 12 bits of the order key: sign, exponent, 3 more
+POS_BITS = tl.constexpr(31)  # (constexprs: Triton kernels read no other globals)
+POS_MASK = tl.constexpr((1 << 31) - 1)
+
+
+@dataclass(frozen=True)
+class BucketSettings:
+    """Tuning of ``bucket_topk`` (one object, passed in)."""
+
+    block: int = 4096  # scores per program of the grid passes
+    cap: int = 16384  # candidates a row kept for the select program; more (heavy ties) and it reads the row itself
+    chunk: int = 2048  # candidates per step of the select program
+    num_warps: int = 8
+
+
+BUCKET = BucketSettings()
+
+
+@triton.jit
+def _key63(x, pos):
+    return (_ordered(x).to(tl.int64) << POS_BITS) | (POS_MASK - pos.to(tl.int64))
+
+
+@triton.jit
+def _boundary(hist, row, k, HBINS: tl.constexpr):
+    """The bucket holding the k-th largest score of the row: every score in a higher bucket is in the top k."""
+    bins = tl.arange(0, HBINS)
+    h = tl.load(hist + row * HBINS + bins)
+    above = tl.sum(h, 0) - tl.cumsum(h, 0)
+    return tl.max(tl.where((above < k) & (above + h >= k), bins, -1), 0)
+
+
+@triton.jit
+def _bucket_hist(scores, stride, n, hist, HBINS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(1).to(tl.int64)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    key = _ordered(tl.load(scores + row * stride + offs, mask=inside, other=0.0))
+    h = tl.histogram((key >> (32 - BUCKET_BITS)).to(tl.int32), HBINS, mask=inside)
+    tl.atomic_add(hist + row * HBINS + tl.arange(0, HBINS), h, mask=h > 0, sem="relaxed")  # most bins are empty
+
+
+@triton.jit
+def _bucket_count(scores, stride, n, k, hist, counts, nblocks, HBINS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(1).to(tl.int64)
+    blk = tl.program_id(0)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    key = _ordered(tl.load(scores + row * stride + offs, mask=inside, other=0.0))
+    b = _boundary(hist, row, k, HBINS)
+    take = inside & ((key >> (32 - BUCKET_BITS)).to(tl.int32) >= b)
+    tl.store(counts + row * nblocks + blk, tl.sum(take.to(tl.int32), 0))
+
+
+@triton.jit
+def _bucket_write(scores, stride, n, k, hist, counts, nblocks, cand, CAP: tl.constexpr, HBINS: tl.constexpr,
+                  BLOCK: tl.constexpr, MAXB: tl.constexpr):
+    """The scores of the boundary bucket and above as 63-bit keys, in position order (after the earlier blocks')."""
+    row = tl.program_id(1).to(tl.int64)
+    blk = tl.program_id(0)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    x = tl.load(scores + row * stride + offs, mask=inside, other=0.0)
+    b = _boundary(hist, row, k, HBINS)
+    take = inside & ((_ordered(x) >> (32 - BUCKET_BITS)).to(tl.int32) >= b)
+    bs = tl.arange(0, MAXB)
+    base = tl.sum(tl.load(counts + row * nblocks + bs, mask=bs < blk, other=0), 0)
+    slot = base + tl.cumsum(take.to(tl.int32), 0) - 1
+    tl.store(cand + row * CAP + slot, _key63(x, offs), mask=take & (slot < CAP))
+
+
+@triton.jit
+def _cand_keys(cand, scores, stride, row, fits, start, m, CAP: tl.constexpr, CHUNK: tl.constexpr):
+    """Keys ``start``.. of the row's candidates: from the candidate list, or (when it overflowed) the row itself;
+    -1 (below every key) past the end."""
+    j = start + tl.arange(0, CHUNK)
+    in_cand = tl.where(fits != 0, m, 0)  # (bounds, not a scalar and a block of masks: the interpreter mistypes those)
+    from_cand = tl.load(cand + row * CAP + j, mask=j < in_cand, other=-1)
+    x = tl.load(scores + row * stride + j, mask=j < m - in_cand, other=0.0)
+    return tl.where(j < in_cand, from_cand, tl.where(j < m, _key63(x, j), -1))
+
+
+@triton.jit
+def _bucket_select(scores, stride, n, k, counts, nblocks, cand, out_idx, out_val, out_k, CAP: tl.constexpr,
+                   CHUNK: tl.constexpr, MAXB: tl.constexpr):
+    """One program a row: the k-th largest key among the candidates by radix select (11 bits a round, from the top,
+    until the keys matching the prefix are exactly those still needed; keys are distinct, so it ends), then every
+    candidate at or above it, in position order."""
+    row = tl.program_id(0).to(tl.int64)
+    bs = tl.arange(0, MAXB)
+    total = tl.sum(tl.load(counts + row * nblocks + bs, mask=bs < nblocks, other=0), 0)
+    fits = (total <= CAP).to(tl.int32)
+    m = tl.where(fits != 0, total, n)
+    bins = tl.arange(0, 2048)
+    prefix = tl.zeros([], tl.int64)  # the bits of the k-th largest key found so far, from bit `low` up
+    low = 63 + tl.zeros([], tl.int32)
+    need = k + tl.zeros([], tl.int32)  # keys still to take among those matching the prefix
+    matching = m + tl.zeros([], tl.int32)
+    while matching > need:
+        shift = tl.maximum(low - 11, 0)
+        h = tl.zeros([2048], tl.int32)
+        for start in range(0, m, CHUNK):
+            key = _cand_keys(cand, scores, stride, row, fits, start, m, CAP, CHUNK)
+            match = (key >> low) == (prefix >> low)  # padding (-1) never matches: keys are >= 0
+            h += tl.histogram(((key >> shift) & ((1 << (low - shift)) - 1)).to(tl.int32), 2048, mask=match)
+        above = tl.sum(h, 0) - tl.cumsum(h, 0)
+        digit = tl.max(tl.where((above < need) & (above + h >= need), bins, -1), 0)
+        need -= tl.sum(tl.where(bins == digit, above, 0), 0)
+        matching = tl.sum(tl.where(bins == digit, h, 0), 0)
+        prefix |= digit.to(tl.int64) << shift
+        low = shift
+    # every key >= prefix: the higher digits' (counted above) and the matching ones (all still needed)
+    written = tl.zeros([], tl.int32)
+    for start in range(0, m, CHUNK):
+        key = _cand_keys(cand, scores, stride, row, fits, start, m, CAP, CHUNK)
+        take = key >= prefix
+        slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
+        pos = POS_MASK - (key & POS_MASK)
+        tl.store(out_idx + row * out_k + slot, pos, mask=take)
+        tl.store(out_val + row * out_k + slot, tl.load(scores + row * stride + pos, mask=take, other=0.0), mask=take)
+        written += tl.sum(take.to(tl.int32), 0)
+
+
+def bucket_topk(scores: torch.Tensor, k: int, sort: bool = True,
+                s: BucketSettings = BUCKET) -> tuple[torch.Tensor, torch.Tensor]:
+    """``radix_topk``'s result (ties: the earlier position) in four launches whatever the row length: a histogram of
+    the top 12 bits of every score, a count and a write of the boundary bucket's and higher scores (the candidates,
+    a few times k on spread scores), and one program a row that selects the k among them. ``sort=False`` leaves
+    the k in position order. Rows of up to 2^31 scores."""
+    x = scores if scores.dim() == 2 else scores[None]
+    x = x.float()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, n = x.shape
+    k = min(int(k), n)
+    dev = x.device
+    if k <= 0:
+        return torch.zeros((rows, 0), dtype=torch.int64, device=dev), x[:, :0]
+    nblocks = triton.cdiv(n, s.block)
+    maxb = triton.next_power_of_2(nblocks)
+    hbins = 1 << BUCKET_BITS.value
+    hist = torch.zeros((rows, hbins), dtype=torch.int32, device=dev)
+    counts = torch.empty((rows, nblocks), dtype=torch.int32, device=dev)
+    cand = torch.empty((rows, s.cap), dtype=torch.int64, device=dev)
+    idx = torch.empty((rows, k), dtype=torch.int64, device=dev)
+    val = torch.empty((rows, k), dtype=torch.float32, device=dev)
+    grid = (nblocks, rows)
+    _bucket_hist[grid](x, x.stride(0), n, hist, HBINS=hbins, BLOCK=s.block, num_warps=s.num_warps)
+    _bucket_count[grid](x, x.stride(0), n, k, hist, counts, nblocks, HBINS=hbins, BLOCK=s.block,
+                        num_warps=s.num_warps)
+    _bucket_write[grid](x, x.stride(0), n, k, hist, counts, nblocks, cand, CAP=s.cap, HBINS=hbins, BLOCK=s.block,
+                        MAXB=maxb, num_warps=s.num_warps)
+    _bucket_select[(rows,)](x, x.stride(0), n, k, counts, nblocks, cand, idx, val, k, CAP=s.cap, CHUNK=s.chunk,
+                            MAXB=maxb, num_warps=s.num_warps)
+    if sort:  # stable: among equal scores the earlier position stays first
         val, order = torch.sort(val, dim=1, descending=True, stable=True)
         idx = torch.gather(idx, 1, order)
     return idx, val
