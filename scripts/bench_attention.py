@@ -1,6 +1,11 @@
 """One sparse-attention decode step on a CUDA GPU, every method beside dense SDPA (CUDA events; written for an H200).
 
-    python scripts/bench_attention.py [--quick] [--out benchmarks/attention_h200.json]
+    python scripts/bench_attention.py [--quick] [--time-limit S] [--out benchmarks/attention_h200.json]
+
+The whole run (32K, 128K and 1M; batch 1 and 8; both paths) fits one 10-minute call on the H200: no run starts
+after --time-limit seconds (default 540), and the JSON is rewritten after every measurement, so a crash or the
+limit keeps what ran. Every input comes from the script's own generator, drawn before the case's captures (a
+capture that fails leaves torch's default CUDA generator unusable: "Offset increment outside graph capture").
 
 Shapes: batch 1 and 8, 32 query heads, 8 KV heads, head dim 128, bf16, at 32K, 128K and 1M cached tokens (--quick:
 32K and 128K, batch 1). Methods, each through the fused Triton path (``triton``) and the plain torch path
@@ -9,8 +14,8 @@ KV groups, top-2048), quest and lserve (pages of 16), seer-topk (blocks of 64), 
 group (sink 16, local 64). For each: stage times (relevancy, retrieval, apply; the index is prepared once,
 untimed, and the one-token update a decode step makes is timed apart), the step eager and replayed from a CUDA
 graph, the share of the step in relevancy + retrieval, and the step against its bytes-read floor (index keys or page
-bounds scanned plus the selected K and V) at the copy bandwidth measured first. Then the selection alone: our radix
-select of 2048 from 1M scores against ``torch.topk``. Each measurement is caught and reported on its own: the run
+bounds scanned plus the selected K and V) at the copy bandwidth measured first. The selection alone runs first: our
+bucket and radix selects of 2048 from 1M scores against ``torch.topk``. Each measurement is caught and reported on its own: the run
 goes on. FlashInfer's top-k is timed beside ours when ``flashinfer`` imports.
 
 ``--device cpu`` (with TRITON_INTERPRET=1) runs the same code on tiny shapes to check the script itself; its
@@ -32,7 +37,7 @@ import torch
 from ragserve.attention import get_method
 from ragserve.attention.common import Index
 from ragserve.attention.ops import TORCH, TritonOps
-from ragserve.kernels.gpu.select_triton import radix_topk
+from ragserve.kernels.gpu.select_triton import bucket_topk, radix_topk
 
 ROOT = Path(__file__).resolve().parents[1]
 Q_HEADS, KV_HEADS, DIM = 32, 8, 128
@@ -144,11 +149,15 @@ def bench_method(name: str, path: str, q, keys, values, batch: int, n: int, reps
         return m.apply(q, keys, values, m.retrieval(r, n), scale)
 
     out["step_ms"] = cuda_ms(step, reps)
-    try:
-        out["step_graph_ms"] = graph_ms(step, reps)
-    except Exception as e:  # the torch path's exact top-k syncs with the host (nonzero): not capturable
-        out["step_graph_ms"] = None
-        out["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    if path == "torch":  # its exact top-k syncs with the host (nonzero): a capture would fail, and a failed
+        out["step_graph_ms"] = None  # capture can leave the CUDA context's generator unusable
+        out["graph_error"] = "not captured: the torch path syncs with the host (nonzero)"
+    else:
+        try:
+            out["step_graph_ms"] = graph_ms(step, reps)
+        except Exception as e:
+            out["step_graph_ms"] = None
+            out["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     best = min(t for t in (out["step_ms"], out["step_graph_ms"]) if t is not None)
     stages = out["relevancy_ms"] + out["retrieval_ms"] + out["apply_ms"]
     out["memory_share"] = (out["relevancy_ms"] + out["retrieval_ms"]) / stages
@@ -185,20 +194,22 @@ def bench_dense(q, keys, values, batch: int, n: int, reps: int, bw: float) -> di
 def bench_selection(n: int, k: int, rows: int, reps: int, gen: torch.Generator) -> dict:
     s = torch.randn((rows, n), generator=gen, device=DEV)
     out = {"rows": rows, "n": n, "k": k}
-    out["radix_ms"] = cuda_ms(lambda: radix_topk(s, k), reps)
-    out["radix_unsorted_ms"] = cuda_ms(lambda: radix_topk(s, k, sort=False), reps)
-    out["torch_topk_ms"] = cuda_ms(lambda: torch.topk(s, k, dim=1), reps)
-    out["torch_topk_unsorted_ms"] = cuda_ms(lambda: torch.topk(s, k, dim=1, sorted=False), reps)
-    for name, fn in (("radix", lambda: radix_topk(s, k)), ("radix_unsorted", lambda: radix_topk(s, k, sort=False)),
-                     ("torch_topk", lambda: torch.topk(s, k, dim=1))):
+    fns = {"bucket": lambda: bucket_topk(s, k), "bucket_unsorted": lambda: bucket_topk(s, k, sort=False),
+           "radix": lambda: radix_topk(s, k), "radix_unsorted": lambda: radix_topk(s, k, sort=False),
+           "torch_topk": lambda: torch.topk(s, k, dim=1),
+           "torch_topk_unsorted": lambda: torch.topk(s, k, dim=1, sorted=False)}
+    for name, fn in fns.items():
+        out[f"{name}_ms"] = cuda_ms(fn, reps)
+    for name in ("bucket", "bucket_unsorted", "radix", "radix_unsorted", "torch_topk"):
         try:
-            out[f"{name}_graph_ms"] = graph_ms(fn, reps)
+            out[f"{name}_graph_ms"] = graph_ms(fns[name], reps)
         except Exception as e:
             out[f"{name}_graph_ms"] = None
             out[f"{name}_graph_error"] = f"{type(e).__name__}: {e}"
-    i, v = radix_topk(s, k)
     tv, _ = torch.topk(s, k, dim=1)
-    out["same_values_as_torch_topk"] = bool(torch.equal(v, tv))
+    _, rv = radix_topk(s, k)
+    _, bv = bucket_topk(s, k)
+    out["same_values_as_torch_topk"] = bool(torch.equal(rv, tv) and torch.equal(bv, tv))
     try:
         import flashinfer  # noqa: F401
 
@@ -212,7 +223,16 @@ def bench_selection(n: int, k: int, rows: int, reps: int, gen: torch.Generator) 
     return out
 
 
+def save(report: dict, path: Path) -> None:
+    """Rewrite the report (through a temporary file: a crash mid-write keeps the last one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def run(args) -> dict:
+    start = time.time()
     gen = torch.Generator(device=DEV).manual_seed(args.seed)
     env = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "none (--device cpu)",
            "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -223,24 +243,55 @@ def run(args) -> dict:
     except ImportError:
         env["triton"] = None
     bw = copy_bandwidth(args.reps)
-    report = {"env": env, "copy_bytes_per_s": bw, "settings": vars(args), "steps": [], "selection": [],
-              "errors": []}
+    report = {"env": env, "copy_bytes_per_s": bw,
+              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "steps": [], "selection": [], "errors": [], "skipped": []}
     print(f"# {env['gpu']}  torch {env['torch']}  triton {env['triton']}  copy {bw / 1e12:.2f} TB/s", flush=True)
+
+    def late(what: dict) -> bool:
+        if time.time() - start <= args.time_limit:
+            return False
+        report["skipped"].append({**what, "why": f"past --time-limit {args.time_limit:.0f} s"})
+        save(report, args.out)
+        return True
+
+    for rows in args.select_rows:
+        if late({"selection_rows": rows}):
+            continue
+        try:
+            r = bench_selection(args.select_n, BUDGET, rows, args.reps, gen)
+            report["selection"].append(r)
+            print(f"select {BUDGET} of {args.select_n:,} x{rows}: bucket {r['bucket_ms'] * 1e3:.1f} us (graph "
+                  f"{_us(r.get('bucket_graph_ms'))}, unsorted graph {_us(r.get('bucket_unsorted_graph_ms'))}), "
+                  f"radix {r['radix_ms'] * 1e3:.1f} us (graph {_us(r.get('radix_graph_ms'))}), "
+                  f"torch.topk {r['torch_topk_ms'] * 1e3:.1f} us (graph {_us(r.get('torch_topk_graph_ms'))})",
+                  flush=True)
+        except Exception as e:
+            report["errors"].append({"selection_rows": rows, "error": f"{type(e).__name__}: {e}",
+                                     "trace": traceback.format_exc()[-2000:]})
+            print(f"select x{rows}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+        save(report, args.out)
     for n in args.contexts:
         for batch in args.batches:
-            try:
+            if late({"context": n, "batch": batch}):
+                continue
+            try:  # the case's inputs, all drawn before any of its captures, from the script's generator
                 keys = torch.randn((batch, KV_HEADS, n, DIM), generator=gen, device=DEV, dtype=torch.bfloat16)
-                values = torch.randn_like(keys)
+                values = torch.randn((batch, KV_HEADS, n, DIM), generator=gen, device=DEV, dtype=torch.bfloat16)
                 q = torch.randn((batch, Q_HEADS, DIM), generator=gen, device=DEV, dtype=torch.bfloat16)
             except torch.OutOfMemoryError as e:
                 report["errors"].append({"context": n, "batch": batch, "error": f"allocating the cache: {e}"})
+                save(report, args.out)
                 continue
             runs = [("dense", "sdpa")] + [(m, p) for m in args.methods for p in args.paths]
             for name, path in runs:
+                if late({"method": name, "path": path, "context": n, "batch": batch}):
+                    continue
                 t0 = time.time()
                 try:
                     r = (bench_dense(q, keys, values, batch, n, args.reps, bw) if name == "dense"
                          else bench_method(name, path, q, keys, values, batch, n, args.reps, bw, gen))
+                    r["seconds"] = time.time() - t0
                     report["steps"].append(r)
                     print(_line(r), flush=True)
                 except Exception as e:
@@ -250,21 +301,10 @@ def run(args) -> dict:
                     print(f"{name}/{path} N={n} B={batch}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
                 finally:
                     _free()
-                if time.time() - t0 > args.method_timeout:
-                    print(f"  ({name}/{path} took {time.time() - t0:.0f} s)", flush=True)
+                save(report, args.out)
             del keys, values, q
             _free()
-    for rows in args.select_rows:
-        try:
-            r = bench_selection(args.select_n, BUDGET, rows, args.reps, gen)
-            report["selection"].append(r)
-            print(f"select {BUDGET} of {args.select_n:,} x{rows}: radix {r['radix_ms'] * 1e3:.1f} us "
-                  f"(graph {_us(r.get('radix_graph_ms'))}, unsorted graph {_us(r.get('radix_unsorted_graph_ms'))}) "
-                  f"torch.topk {r['torch_topk_ms'] * 1e3:.1f} us (graph {_us(r.get('torch_topk_graph_ms'))})",
-                  flush=True)
-        except Exception as e:
-            report["errors"].append({"selection_rows": rows, "error": f"{type(e).__name__}: {e}",
-                                     "trace": traceback.format_exc()[-2000:]})
+    report["seconds"] = time.time() - start
     return report
 
 
@@ -287,6 +327,18 @@ def _line(r: dict) -> str:
     return text
 
 
+def table(steps: list[dict]) -> str:
+    """The steps as a markdown table (for RESULTS.md)."""
+    lines = ["| method | path | context | batch | step us | graph us | floor us | x floor | rel / ret / apply us |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in steps:
+        stages = ("-" if "relevancy_ms" not in r else
+                  f"{r['relevancy_ms'] * 1e3:.1f} / {r['retrieval_ms'] * 1e3:.1f} / {r['apply_ms'] * 1e3:.1f}")
+        lines.append(f"| {r['method']} | {r['path']} | {r['context']:,} | {r['batch']} | {r['step_ms'] * 1e3:.1f} | "
+                     f"{_us(r.get('step_graph_ms'))} | {r['floor_ms'] * 1e3:.1f} | {r['x_floor']:.2f} | {stages} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="32K and 128K, batch 1, fewer repetitions")
@@ -297,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--select-n", type=int, default=1 << 20)
     ap.add_argument("--select-rows", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--method-timeout", type=float, default=60.0, help="report a method slower than this (s)")
+    ap.add_argument("--time-limit", type=float, default=540.0,
+                    help="start no measurement after this many seconds (the JSON keeps what ran)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a check of the script on tiny shapes (TRITON_INTERPRET=1); its times mean nothing")
@@ -311,11 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_attention: no CUDA device", file=sys.stderr)
         return 2
     report = run(args)
-    report["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out} ({len(report['steps'])} steps, {len(report['errors'])} errors)")
-    return 1 if report["errors"] else 0
+    save(report, args.out)
+    print(table(report["steps"]))
+    print(f"wrote {args.out} ({len(report['steps'])} steps, {len(report['errors'])} errors, "
+          f"{len(report['skipped'])} skipped, {report['seconds']:.0f} s)")
+    return 1 if report["errors"] or report["skipped"] else 0
 
 
 if __name__ == "__main__":

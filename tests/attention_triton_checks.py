@@ -92,6 +92,16 @@ def kernel_checks(device: str) -> dict[str, bool]:
     out["decode"] = close(A.sparse_decode(qf, k, v, tok, ok, 0.2, small), TORCH.attend_selected(qf, k, v, tok, ok, 0.2))
     out["decode shared"] = close(A.sparse_decode(qf, k, v, tok[:, :1], ok[:, :1], 0.2),
                                  TORCH.attend_selected(qf, k, v, tok[:, :1], ok[:, :1], 0.2))
+    # units to tokens in one launch: the same (token, valid) pairs as the torch path (which orders them by unit)
+    for unit, n_tok, with_keep in ((1, 700, False), (16, 700, True), (64, 700, False)):
+        units = -(-n_tok // unit)
+        top = torch.stack([torch.randperm(units - 3, generator=torch.Generator().manual_seed(i))[:4] + 1
+                           for i in range(b * g)]).reshape(b, g, 4).to(device)
+        keep = (torch.arange(4, device=device) % 2 == 0).expand(b, g, 4) if with_keep else None
+        tokens, valid = A.expand_units(top, keep, 1, 2, units, unit, n_tok)
+        ref = TORCH.expand_units(top, keep, 1, 2, units, unit, n_tok)
+        pairs = (tokens * 2 + valid).sort(-1).values
+        out[f"expand unit {unit}"] = bool(torch.equal(pairs.cpu(), (ref.tokens * 2 + ref.valid).sort(-1).values.cpu()))
     return out
 
 
@@ -150,8 +160,41 @@ def method_checks(device: str) -> dict[str, bool]:
     return out
 
 
+def graph_checks(device: str) -> dict[str, bool]:
+    """CUDA only: a whole sparse step (relevancy, selection, expansion, attention) captured as one CUDA graph
+    replays to the eager step's output bit for bit (every kernel on the path is deterministic, none syncs)."""
+    if device != "cuda":
+        return {}
+    rng = np.random.default_rng(3)
+    b, hq, g, n, d = 2, 16, 4, 20000, 64
+    q = _t(rng.standard_normal((b, hq, d), dtype=np.float32), device).bfloat16()
+    k = _t(rng.standard_normal((b, g, n, d), dtype=np.float32), device).bfloat16()
+    v = _t(rng.standard_normal((b, g, n, d), dtype=np.float32), device).bfloat16()
+    out = {}
+    for name in ("dsa", "quest", "lserve", "seer-topk", "seer-threshold"):
+        m = get_method(name, budget=2048, ops=TritonOps())
+        index = m.prepare(k)
+
+        def step():
+            return m.apply(q, k, v, m.retrieval(m.relevancy(index, q, k), n), d ** -0.5)
+
+        eager = step()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        out[f"{name} step as one CUDA graph"] = bool(torch.equal(captured, eager))
+    return out
+
+
 def main(device: str) -> int:
-    results = {**select_checks(device), **kernel_checks(device), **method_checks(device)}
+    results = {**select_checks(device), **kernel_checks(device), **method_checks(device), **graph_checks(device)}
     print(json.dumps(results, indent=1))
     return 0 if all(results.values()) else 1
 

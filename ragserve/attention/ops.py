@@ -392,26 +392,14 @@ class TritonOps(TorchOps):
 
     def top_units(self, mid, k: int, offset: int):
         b, gs, m = mid.shape
-        idx, _ = gpu_sel.topk_rows_radix(mid.reshape(b * gs, m), k, sort=self.sort_top)
+        select = gpu_sel.topk_rows_bucket if self.settings.select == "bucket" else gpu_sel.topk_rows_radix
+        idx, _ = select(mid.reshape(b * gs, m), k, sort=self.sort_top)
         return idx.reshape(b, gs, -1) + offset
 
-    @staticmethod
-    def expand_units(top, keep, sink: int, local: int, num_units: int, unit: int, n: int) -> Selection:
-        b, gs, _ = top.shape
-        dev = top.device
-        fixed = torch.cat([torch.arange(sink, device=dev), torch.arange(num_units - local, num_units, device=dev)])
-        units = torch.cat([fixed.expand(b, gs, -1), top], -1)
-        kept = None
-        if keep is not None:
-            kept = torch.cat([torch.ones((b, gs, fixed.numel()), dtype=torch.bool, device=dev), keep], -1)
-        if unit == 1:
-            valid = kept if kept is not None else torch.ones(units.shape, dtype=torch.bool, device=dev)
-            return Selection(units, valid, top)
-        tokens = (units[..., None] * unit + torch.arange(unit, device=dev)).reshape(b, gs, -1)
-        valid = tokens < n
-        if kept is not None:
-            valid &= kept.repeat_interleave(unit, -1)
-        return Selection(tokens.clamp(max=n - 1), valid, top)
+    def expand_units(self, top, keep, sink: int, local: int, num_units: int, unit: int, n: int) -> Selection:
+        """The sink, local and top units' tokens in one launch (``expand_kernel``), in that order."""
+        tokens, valid = self.k.expand_units(top, keep, sink, local, num_units, unit, n)
+        return Selection(tokens, valid, top)
 
     def attend_selected(self, q, keys, values, tokens, valid, scale: float, key_valid=None):
         if self._fits(q.reshape(q.shape[0], keys.shape[1], -1, q.shape[-1]), key_valid):

@@ -29,6 +29,7 @@ class TritonAttentionSettings:
     block_s: int = 64  # selected tokens per inner step of the decode kernel
     chunk: int = 256  # selected tokens per decode program (split-K)
     num_warps: int = 4
+    select: str = "bucket"  # the top-k: "bucket" (select_triton.bucket_topk) or "radix" (radix_topk)
 
 
 DEFAULT = TritonAttentionSettings()
@@ -208,7 +209,7 @@ def sparse_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tok
     chunk = triton.cdiv(triton.cdiv(sel, splits), s.block_s) * s.block_s
     qc, kc, vc = q.contiguous(), keys.contiguous(), values.contiguous()
     tok = tokens.contiguous()
-    ok = valid.to(torch.int8).contiguous()
+    ok = (valid.view(torch.int8) if valid.dtype == torch.bool else valid.to(torch.int8)).contiguous()
     parts = b * groups * splits
     m = torch.empty((parts, hp), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
@@ -219,3 +220,39 @@ def sparse_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tok
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     _merge_kernel[(b * groups,)](m, l, acc, out, SPLITS=splits, H=h, HP=hp, D=d, num_warps=s.num_warps)
     return out
+
+
+@triton.jit
+def _expand_kernel(top, keep, tokens, valid, k, s_len, sink, local, num_units, n, HAS_KEEP: tl.constexpr,
+                   UNIT: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(1).to(tl.int64)
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = j < s_len
+    slot = j // UNIT  # the sink units, the local units, then the top ones
+    is_top = slot >= sink + local
+    t = slot - sink - local
+    picked = tl.load(top + r * k + t, mask=inside & is_top, other=0)
+    unit = tl.where(slot < sink, slot, tl.where(is_top, picked, num_units - local + slot - sink))
+    tok = unit * UNIT + j % UNIT
+    ok = tok < n
+    if HAS_KEEP:
+        ok = ok & (tl.load(keep + r * k + t, mask=inside & is_top, other=1) != 0)
+    tl.store(tokens + r * s_len + j, tl.minimum(tok, n - 1), mask=inside)
+    tl.store(valid + r * s_len + j, ok.to(tl.int8), mask=inside)
+
+
+def expand_units(top: torch.Tensor, keep: torch.Tensor | None, sink: int, local: int, num_units: int, unit: int,
+                 n: int, block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token positions and their validity [B, Gs, (sink + local + k) * unit] of the sink units, the local units and
+    ``top`` [B, Gs, k] (in that order), in one launch: past the cache's end, or a unit ``keep`` drops, is not valid
+    (its position clamped into the cache)."""
+    b, gs, k = top.shape
+    s_len = (sink + local + k) * unit
+    tp = top.contiguous()
+    kp = keep.to(torch.int8).contiguous() if keep is not None else tp
+    tokens = torch.empty((b, gs, s_len), dtype=torch.int64, device=top.device)
+    valid = torch.empty((b, gs, s_len), dtype=torch.int8, device=top.device)
+    _expand_kernel[(triton.cdiv(s_len, block), b * gs)](
+        tp, kp, tokens, valid, k, s_len, sink, local, num_units, n, HAS_KEEP=keep is not None, UNIT=unit,
+        BLOCK=block)
+    return tokens, valid.view(torch.bool)
