@@ -15,8 +15,9 @@ group (sink 16, local 64). For each: stage times (relevancy, retrieval, apply; t
 untimed, and the one-token update a decode step makes is timed apart), the step eager and replayed from a CUDA
 graph, the share of the step in relevancy + retrieval, and the step against its bytes-read floor (index keys or page
 bounds scanned plus the selected K and V) at the copy bandwidth measured first. The selection alone runs first: our
-bucket and radix selects of 2048 from 1M scores against ``torch.topk``. Each measurement is caught and reported on its own: the run
-goes on. FlashInfer's top-k is timed beside ours when ``flashinfer`` imports.
+bucket and radix selects of 2048 from 1M scores against ``torch.topk``. Each measurement is caught and reported on
+its own: the run goes on. FlashInfer's top-k is timed beside ours when ``flashinfer`` imports. ``--block-n``,
+``--num-warps``, ``--chunk`` and ``--select`` sweep the Triton path's settings (one run per combination).
 
 ``--device cpu`` (with TRITON_INTERPRET=1) runs the same code on tiny shapes to check the script itself; its
 times mean nothing.
@@ -24,12 +25,14 @@ times mean nothing.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import platform
 import sys
 import time
 import traceback
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -37,6 +40,7 @@ import torch
 from ragserve.attention import get_method
 from ragserve.attention.common import Index
 from ragserve.attention.ops import TORCH, TritonOps
+from ragserve.kernels.gpu.attention_triton import DEFAULT, TritonAttentionSettings
 from ragserve.kernels.gpu.select_triton import bucket_topk, radix_topk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,8 +132,8 @@ def floor_bytes(method: str, batch: int, n: int) -> float:
 
 
 def bench_method(name: str, path: str, q, keys, values, batch: int, n: int, reps: int, bw: float,
-                 gen: torch.Generator) -> dict:
-    ops = TritonOps() if path == "triton" else TORCH
+                 gen: torch.Generator, settings: TritonAttentionSettings = DEFAULT) -> dict:
+    ops = TritonOps(settings) if path == "triton" else TORCH
     opts = dict(budget=BUDGET, sink=SINK, local=LOCAL, ops=ops)
     m = get_method(name, **opts)
     if name == "dsa":
@@ -140,6 +144,8 @@ def bench_method(name: str, path: str, q, keys, values, batch: int, n: int, reps
     sel = m.retrieval(rel, n)
     out = {"method": name, "path": path, "batch": batch, "context": n,
            "selected_per_group": float(sel.counts().float().mean())}
+    if path == "triton":
+        out["settings"] = asdict(settings)
     out["relevancy_ms"] = cuda_ms(lambda: m.relevancy(index, q, keys), reps)
     out["retrieval_ms"] = cuda_ms(lambda: m.retrieval(rel, n), reps)
     out["apply_ms"] = cuda_ms(lambda: m.apply(q, keys, values, sel, scale), reps)
@@ -271,6 +277,9 @@ def run(args) -> dict:
                                      "trace": traceback.format_exc()[-2000:]})
             print(f"select x{rows}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
         save(report, args.out)
+    # the Triton path once per combination of the swept settings (one each by default)
+    sweep = [replace(DEFAULT, block_n=bn, num_warps=nw, chunk=ch, select=sl)
+             for bn, nw, ch, sl in itertools.product(args.block_n, args.num_warps, args.chunk, args.select)]
     for n in args.contexts:
         for batch in args.batches:
             if late({"context": n, "batch": batch}):
@@ -283,14 +292,15 @@ def run(args) -> dict:
                 report["errors"].append({"context": n, "batch": batch, "error": f"allocating the cache: {e}"})
                 save(report, args.out)
                 continue
-            runs = [("dense", "sdpa")] + [(m, p) for m in args.methods for p in args.paths]
-            for name, path in runs:
+            runs = [("dense", "sdpa", DEFAULT)] + [(m, p, st) for m in args.methods for p in args.paths
+                                                   for st in (sweep if p == "triton" else [DEFAULT])]
+            for name, path, settings in runs:
                 if late({"method": name, "path": path, "context": n, "batch": batch}):
                     continue
                 t0 = time.time()
                 try:
                     r = (bench_dense(q, keys, values, batch, n, args.reps, bw) if name == "dense"
-                         else bench_method(name, path, q, keys, values, batch, n, args.reps, bw, gen))
+                         else bench_method(name, path, q, keys, values, batch, n, args.reps, bw, gen, settings))
                     r["seconds"] = time.time() - t0
                     report["steps"].append(r)
                     print(_line(r), flush=True)
@@ -317,9 +327,15 @@ def _us(ms) -> str:
     return "n/a" if ms is None else f"{ms * 1e3:.1f} us"
 
 
+def _path(r: dict) -> str:
+    """The path, with the Triton settings that differ from the defaults (a sweep's rows apart)."""
+    changed = {k: v for k, v in r.get("settings", {}).items() if v != getattr(DEFAULT, k)}
+    return r["path"] + "".join(f" {k}={v}" for k, v in changed.items())
+
+
 def _line(r: dict) -> str:
     best = min(t for t in (r["step_ms"], r.get("step_graph_ms")) if t is not None)
-    text = (f"{r['method']:>10}/{r['path']:<6} N={r['context']:>8,} B={r['batch']}: step {r['step_ms'] * 1e3:8.1f} us "
+    text = (f"{r['method']:>10}/{_path(r):<6} N={r['context']:>8,} B={r['batch']}: step {r['step_ms'] * 1e3:8.1f} us "
             f"(graph {_us(r.get('step_graph_ms'))}), floor {r['floor_ms'] * 1e3:.1f} us, {best / r['floor_ms']:.2f}x")
     if "relevancy_ms" in r:
         text += (f"; relevancy {r['relevancy_ms'] * 1e3:.1f} retrieval {r['retrieval_ms'] * 1e3:.1f} apply "
@@ -334,7 +350,7 @@ def table(steps: list[dict]) -> str:
     for r in steps:
         stages = ("-" if "relevancy_ms" not in r else
                   f"{r['relevancy_ms'] * 1e3:.1f} / {r['retrieval_ms'] * 1e3:.1f} / {r['apply_ms'] * 1e3:.1f}")
-        lines.append(f"| {r['method']} | {r['path']} | {r['context']:,} | {r['batch']} | {r['step_ms'] * 1e3:.1f} | "
+        lines.append(f"| {r['method']} | {_path(r)} | {r['context']:,} | {r['batch']} | {r['step_ms'] * 1e3:.1f} | "
                      f"{_us(r.get('step_graph_ms'))} | {r['floor_ms'] * 1e3:.1f} | {r['x_floor']:.2f} | {stages} |")
     return "\n".join(lines)
 
@@ -347,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--paths", nargs="+", default=["triton", "torch"], choices=["triton", "torch"])
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--block-n", type=int, nargs="+", default=[DEFAULT.block_n], help="Triton path: keys a "
+                    "relevancy program (several: one run each, with every other swept setting)")
+    ap.add_argument("--num-warps", type=int, nargs="+", default=[DEFAULT.num_warps])
+    ap.add_argument("--chunk", type=int, nargs="+", default=[DEFAULT.chunk], help="most tokens a decode program")
+    ap.add_argument("--select", nargs="+", default=[DEFAULT.select], choices=["bucket", "radix"])
     ap.add_argument("--select-n", type=int, default=1 << 20)
     ap.add_argument("--select-rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--time-limit", type=float, default=540.0,

@@ -27,7 +27,8 @@ class TritonAttentionSettings:
 
     block_n: int = 128  # keys per relevancy program
     block_s: int = 64  # selected tokens per inner step of the decode kernel
-    chunk: int = 256  # selected tokens per decode program (split-K)
+    chunk: int = 256  # most selected tokens per decode program (split-K)
+    programs: int = 264  # decode programs to aim for (2 per H200 SM): a batch of 1 splits its 2,048 tokens finer
     num_warps: int = 4
     select: str = "bucket"  # the top-k: "bucket" (select_triton.bucket_topk) or "radix" (radix_topk)
 
@@ -205,7 +206,9 @@ def sparse_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tok
     h = hq // groups
     sel = tokens.shape[-1]
     hp = _pad_heads(h)
-    splits = triton.next_power_of_2(max(1, triton.cdiv(sel, s.chunk)))
+    # enough splits to fill the device (a split at least one inner step), and none longer than a chunk
+    fill = min(triton.cdiv(s.programs, b * groups), triton.cdiv(sel, s.block_s))
+    splits = triton.next_power_of_2(max(1, fill, triton.cdiv(sel, s.chunk)))
     chunk = triton.cdiv(triton.cdiv(sel, splits), s.block_s) * s.block_s
     qc, kc, vc = q.contiguous(), keys.contiguous(), values.contiguous()
     tok = tokens.contiguous()

@@ -162,12 +162,20 @@ def _key63(x, pos):
 
 
 @triton.jit
-def _boundary(hist, row, k, HBINS: tl.constexpr):
-    """The bucket holding the k-th largest score of the row: every score in a higher bucket is in the top k."""
+def _boundary_counts(hist, row, k, HBINS: tl.constexpr):
+    """The bucket holding the k-th largest score of the row (every score in a higher bucket is in the top k), the
+    scores in higher buckets and the scores in it."""
     bins = tl.arange(0, HBINS)
     h = tl.load(hist + row * HBINS + bins)
     above = tl.sum(h, 0) - tl.cumsum(h, 0)
-    return tl.max(tl.where((above < k) & (above + h >= k), bins, -1), 0)
+    b = tl.max(tl.where((above < k) & (above + h >= k), bins, -1), 0)
+    return b, tl.sum(tl.where(bins == b, above, 0), 0), tl.sum(tl.where(bins == b, h, 0), 0)
+
+
+@triton.jit
+def _boundary(hist, row, k, HBINS: tl.constexpr):
+    b, _, _ = _boundary_counts(hist, row, k, HBINS)
+    return b
 
 
 @triton.jit
@@ -221,21 +229,22 @@ def _cand_keys(cand, scores, stride, row, fits, start, m, CAP: tl.constexpr, CHU
 
 
 @triton.jit
-def _bucket_select(scores, stride, n, k, counts, nblocks, cand, out_idx, out_val, out_k, CAP: tl.constexpr,
-                   CHUNK: tl.constexpr, MAXB: tl.constexpr):
-    """One program a row: the k-th largest key among the candidates by radix select (11 bits a round, from the top,
-    until the keys matching the prefix are exactly those still needed; keys are distinct, so it ends), then every
-    candidate at or above it, in position order."""
+def _bucket_select(scores, stride, n, k, hist, counts, nblocks, cand, out_idx, out_val, out_k, CAP: tl.constexpr,
+                   HBINS: tl.constexpr, CHUNK: tl.constexpr, MAXB: tl.constexpr):
+    """One program a row: the k-th largest key by radix select within the boundary bucket (11 bits a round, from
+    the top, until the keys matching the prefix are exactly those still needed; keys are distinct, so it ends),
+    then every candidate at or above it, in position order."""
     row = tl.program_id(0).to(tl.int64)
     bs = tl.arange(0, MAXB)
     total = tl.sum(tl.load(counts + row * nblocks + bs, mask=bs < nblocks, other=0), 0)
     fits = (total <= CAP).to(tl.int32)
     m = tl.where(fits != 0, total, n)
     bins = tl.arange(0, 2048)
-    prefix = tl.zeros([], tl.int64)  # the bits of the k-th largest key found so far, from bit `low` up
-    low = 63 + tl.zeros([], tl.int32)
-    need = k + tl.zeros([], tl.int32)  # keys still to take among those matching the prefix
-    matching = m + tl.zeros([], tl.int32)
+    b, above_b, in_b = _boundary_counts(hist, row, k, HBINS)
+    low = (63 - BUCKET_BITS) + tl.zeros([], tl.int32)  # the key's bits from `low` up are known: the bucket's
+    prefix = b.to(tl.int64) << low  # the bits of the k-th largest key found so far
+    need = k - above_b  # keys still to take among those matching the prefix
+    matching = in_b
     while matching > need:
         shift = tl.maximum(low - 11, 0)
         h = tl.zeros([2048], tl.int32)
@@ -290,8 +299,8 @@ def bucket_topk(scores: torch.Tensor, k: int, sort: bool = True,
                         num_warps=s.num_warps)
     _bucket_write[grid](x, x.stride(0), n, k, hist, counts, nblocks, cand, CAP=s.cap, HBINS=hbins, BLOCK=s.block,
                         MAXB=maxb, num_warps=s.num_warps)
-    _bucket_select[(rows,)](x, x.stride(0), n, k, counts, nblocks, cand, idx, val, k, CAP=s.cap, CHUNK=s.chunk,
-                            MAXB=maxb, num_warps=s.num_warps)
+    _bucket_select[(rows,)](x, x.stride(0), n, k, hist, counts, nblocks, cand, idx, val, k, CAP=s.cap, HBINS=hbins,
+                            CHUNK=s.chunk, MAXB=maxb, num_warps=s.num_warps)
     if sort:  # stable: among equal scores the earlier position stays first
         val, order = torch.sort(val, dim=1, descending=True, stable=True)
         idx = torch.gather(idx, 1, order)
