@@ -359,9 +359,10 @@ class TorchOps:
 
 
 class TritonOps(TorchOps):
-    """torch tensors with the fused Triton kernels (``kernels.gpu.attention_triton``) and the radix select
-    (``kernels.gpu.select_triton``) where the shapes qualify, torch elsewhere. The selected units (``top``) and
-    tokens come unordered: attention does not need them ranked, and a sort costs a launch."""
+    """torch tensors with the fused Triton kernels (``kernels.gpu.attention_triton``) and the bucket (or radix)
+    select (``kernels.gpu.select_triton``) where the shapes qualify, torch elsewhere. The selected units (``top``)
+    come unranked (``sort_top=False``: by position) and the tokens sink, local, then top: attention does not need
+    them ranked, and a sort costs a launch. No stage syncs with the host: a whole step can be one CUDA graph."""
 
     name = "triton"
 

@@ -1,6 +1,8 @@
-"""Exact top-k of long f32 rows by radix select (Triton): the selection stage of sparse attention on the GPU.
+"""Exact top-k of long f32 rows (Triton): the selection stage of sparse attention on the GPU. Two selects, the same
+entries (ties: the earlier position, as ``topk_rows``): ``bucket_topk`` (four launches: a histogram of the top 12
+bits, then the boundary bucket; the default, see its section below) and ``radix_topk`` (nine).
 
-Scores become order-preserving u32 keys (negatives bit-inverted, positives with the sign bit set; -0.0 counts as
+``radix_topk``: scores become order-preserving u32 keys (negatives bit-inverted, positives with the sign bit set; -0.0 counts as
 +0.0). Three histogram passes over 11, 11 and 10 bits find the k-th largest key T of each row and how many of the
 keys equal to T belong to the top k (``need``), every pass reading the row once and keeping its state on the device
 (no host round trip). A count pass then sizes each block's keys above T and equal to T, and a write pass puts the
