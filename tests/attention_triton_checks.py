@@ -62,6 +62,8 @@ def select_checks(device: str) -> dict[str, bool]:
     ri, rv = topk_rows(s, 700)
     out["bucket overflow 2x3000 k=700"] = bool(np.array_equal(i.cpu().numpy(), ri)
                                                and np.array_equal(v.cpu().numpy(), rv))
+    i, _ = bucket_topk(_t(s, device), 70, s=BucketSettings(block=1024), offset=5)
+    out["bucket offset"] = bool(np.array_equal(i.cpu().numpy(), topk_rows(s, 70)[0] + 5))
     return out
 
 

@@ -393,8 +393,10 @@ class TritonOps(TorchOps):
 
     def top_units(self, mid, k: int, offset: int):
         b, gs, m = mid.shape
-        select = gpu_sel.topk_rows_bucket if self.settings.select == "bucket" else gpu_sel.topk_rows_radix
-        idx, _ = select(mid.reshape(b * gs, m), k, sort=self.sort_top)
+        if self.settings.select == "bucket":  # it counts from the offset itself: one launch fewer
+            idx, _ = gpu_sel.topk_rows_bucket(mid.reshape(b * gs, m), k, sort=self.sort_top, offset=offset)
+            return idx.reshape(b, gs, -1)
+        idx, _ = gpu_sel.topk_rows_radix(mid.reshape(b * gs, m), k, sort=self.sort_top)
         return idx.reshape(b, gs, -1) + offset
 
     def expand_units(self, top, keep, sink: int, local: int, num_units: int, unit: int, n: int) -> Selection:

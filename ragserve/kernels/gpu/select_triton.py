@@ -231,8 +231,8 @@ def _cand_keys(cand, scores, stride, row, fits, start, m, CAP: tl.constexpr, CHU
 
 
 @triton.jit
-def _bucket_select(scores, stride, n, k, hist, counts, nblocks, cand, out_idx, out_val, out_k, CAP: tl.constexpr,
-                   HBINS: tl.constexpr, CHUNK: tl.constexpr, MAXB: tl.constexpr):
+def _bucket_select(scores, stride, n, k, hist, counts, nblocks, cand, out_idx, out_val, out_k, offset,
+                   CAP: tl.constexpr, HBINS: tl.constexpr, CHUNK: tl.constexpr, MAXB: tl.constexpr):
     """One program a row: the k-th largest key by radix select within the boundary bucket (11 bits a round, from
     the top, until the keys matching the prefix are exactly those still needed; keys are distinct, so it ends),
     then every candidate at or above it, in position order."""
@@ -267,17 +267,18 @@ def _bucket_select(scores, stride, n, k, hist, counts, nblocks, cand, out_idx, o
         take = key >= prefix
         slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
         pos = POS_MASK - (key & POS_MASK)
-        tl.store(out_idx + row * out_k + slot, pos, mask=take)
+        tl.store(out_idx + row * out_k + slot, pos + offset, mask=take)
         tl.store(out_val + row * out_k + slot, tl.load(scores + row * stride + pos, mask=take, other=0.0), mask=take)
         written += tl.sum(take.to(tl.int32), 0)
 
 
-def bucket_topk(scores: torch.Tensor, k: int, sort: bool = True,
-                s: BucketSettings = BUCKET) -> tuple[torch.Tensor, torch.Tensor]:
+def bucket_topk(scores: torch.Tensor, k: int, sort: bool = True, s: BucketSettings = BUCKET,
+                offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``radix_topk``'s result (ties: the earlier position) in four launches whatever the row length: a histogram of
     the top 12 bits of every score, a count and a write of the boundary bucket's and higher scores (the candidates,
     a few times k on spread scores), and one program a row that selects the k among them. ``sort=False`` leaves
-    the k in position order. Rows of up to 2^31 scores."""
+    the k in position order. Rows of up to 2^31 scores. Indices count from ``offset`` (a range's scores: no
+    launch to shift them)."""
     x = scores if scores.dim() == 2 else scores[None]
     x = x.float()
     if x.stride(-1) != 1:
@@ -301,8 +302,8 @@ def bucket_topk(scores: torch.Tensor, k: int, sort: bool = True,
                         num_warps=s.num_warps)
     _bucket_write[grid](x, x.stride(0), n, k, hist, counts, nblocks, cand, CAP=s.cap, HBINS=hbins, BLOCK=s.block,
                         MAXB=maxb, num_warps=s.num_warps)
-    _bucket_select[(rows,)](x, x.stride(0), n, k, hist, counts, nblocks, cand, idx, val, k, CAP=s.cap, HBINS=hbins,
-                            CHUNK=s.chunk, MAXB=maxb, num_warps=s.num_warps)
+    _bucket_select[(rows,)](x, x.stride(0), n, k, hist, counts, nblocks, cand, idx, val, k, offset, CAP=s.cap,
+                            HBINS=hbins, CHUNK=s.chunk, MAXB=maxb, num_warps=s.num_warps)
     if sort:  # stable: among equal scores the earlier position stays first
         val, order = torch.sort(val, dim=1, descending=True, stable=True)
         idx = torch.gather(idx, 1, order)

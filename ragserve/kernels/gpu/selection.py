@@ -293,9 +293,10 @@ def topk_rows_radix(scores: torch.Tensor, k: int, sort: bool = True) -> tuple[to
     return radix_topk(scores, k, sort)
 
 
-def topk_rows_bucket(scores: torch.Tensor, k: int, sort: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_rows_bucket(scores: torch.Tensor, k: int, sort: bool = True,
+                     offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``topk_rows`` by the Triton bucket select of ``select_triton`` (the same entries; four launches whatever the
-    row length). ``sort=False`` returns the same set in position order."""
-    from ragserve.kernels.gpu.select_triton import bucket_topk
+    row length), indices counted from ``offset``. ``sort=False`` returns the same set in position order."""
+    from ragserve.kernels.gpu.select_triton import BUCKET, bucket_topk
 
-    return bucket_topk(scores, k, sort)
+    return bucket_topk(scores, k, sort, BUCKET, offset)
