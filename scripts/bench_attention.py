@@ -4,8 +4,9 @@
 
 The whole run (32K, 128K and 1M; batch 1 and 8; both paths) fits one 10-minute call on the H200: no run starts
 after --time-limit seconds (default 540), and the JSON is rewritten after every measurement, so a crash or the
-limit keeps what ran. Every input comes from the script's own generator, drawn before the case's captures (a
-capture that fails leaves torch's default CUDA generator unusable: "Offset increment outside graph capture").
+limit keeps what ran. Every input comes from the script's own generator, a case's cache before any of its captures,
+never from torch's default CUDA generator (a capture that fails leaves that one unusable: "Offset increment outside
+graph capture", which ended the first H200 run); the torch path, whose top-k syncs with the host, is not captured.
 
 Shapes: batch 1 and 8, 32 query heads, 8 KV heads, head dim 128, bf16, at 32K, 128K and 1M cached tokens (--quick:
 32K and 128K, batch 1). Methods, each through the fused Triton path (``triton``) and the plain torch path
