@@ -18,7 +18,7 @@ graph, the share of the step in relevancy + retrieval, and the step against its 
 bounds scanned plus the selected K and V) at the copy bandwidth measured first. The selection alone runs first: our
 bucket and radix selects of 2048 from 1M scores against ``torch.topk``. Each measurement is caught and reported on
 its own: the run goes on. FlashInfer's top-k is timed beside ours when ``flashinfer`` imports. ``--block-n``,
-``--num-warps``, ``--chunk`` and ``--select`` sweep the Triton path's settings (one run per combination).
+``--num-warps``, ``--chunk``, ``--programs`` and ``--select`` sweep the Triton path's settings (one run per combination).
 
 ``--device cpu`` (with TRITON_INTERPRET=1) runs the same code on tiny shapes to check the script itself; its
 times mean nothing.
@@ -279,8 +279,9 @@ def run(args) -> dict:
             print(f"select x{rows}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
         save(report, args.out)
     # the Triton path once per combination of the swept settings (one each by default)
-    sweep = [replace(DEFAULT, block_n=bn, num_warps=nw, chunk=ch, select=sl)
-             for bn, nw, ch, sl in itertools.product(args.block_n, args.num_warps, args.chunk, args.select)]
+    sweep = [replace(DEFAULT, block_n=bn, num_warps=nw, chunk=ch, programs=pg, select=sl)
+             for bn, nw, ch, pg, sl in itertools.product(args.block_n, args.num_warps, args.chunk, args.programs,
+                                                         args.select)]
     for n in args.contexts:
         for batch in args.batches:
             if late({"context": n, "batch": batch}):
@@ -368,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                     "relevancy program (several: one run each, with every other swept setting)")
     ap.add_argument("--num-warps", type=int, nargs="+", default=[DEFAULT.num_warps])
     ap.add_argument("--chunk", type=int, nargs="+", default=[DEFAULT.chunk], help="most tokens a decode program")
+    ap.add_argument("--programs", type=int, nargs="+", default=[DEFAULT.programs],
+                    help="decode programs to aim for (1: splits by --chunk alone, as before)")
     ap.add_argument("--select", nargs="+", default=[DEFAULT.select], choices=["bucket", "radix"])
     ap.add_argument("--select-n", type=int, default=1 << 20)
     ap.add_argument("--select-rows", type=int, nargs="+", default=[1, 8])
