@@ -18,7 +18,8 @@ graph, the share of the step in relevancy + retrieval, and the step against its 
 bounds scanned plus the selected K and V) at the copy bandwidth measured first. The selection alone runs first: our
 bucket and radix selects of 2048 from 1M scores against ``torch.topk``. Each measurement is caught and reported on
 its own: the run goes on. FlashInfer's top-k is timed beside ours when ``flashinfer`` imports. ``--block-n``,
-``--num-warps``, ``--chunk``, ``--programs`` and ``--select`` sweep the Triton path's settings (one run per combination).
+``--num-warps``, ``--chunk``, ``--programs`` and ``--select`` sweep the Triton path's settings (one run per
+combination).
 
 ``--device cpu`` (with TRITON_INTERPRET=1) runs the same code on tiny shapes to check the script itself; its
 times mean nothing.
