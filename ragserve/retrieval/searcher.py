@@ -12,8 +12,6 @@ requests that arrive together share a launch.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -23,21 +21,80 @@ from indexer.bm25 import QueryTerms
 from indexer.reader import IndexReader
 from ragserve.kernels.contract import SearchError, StageTimes, TopK
 from ragserve.kernels.registry import get_backend_class, resolve_backend_name
+from ragserve.retrieval.prepare import QueryPreparer
 from ragserve.retrieval.queue import QueueSettings, queue_for
 
 MAX_K = 10_000
 
 
-@dataclass
 class Hit:
-    docid: int  # internal docid
-    id: str  # external id from the corpus
-    score: float  # the f32 BM25 score
-    title: str = ""
-    text: str = ""
+    """One search result. ``title`` and ``text`` of a hit from ``Searcher.search`` are read from the index on
+    first use: a caller that never looks at a passage (ids and scores only, a rerank depth cut) never pays for it."""
+
+    __slots__ = ("docid", "id", "score", "_title", "_text", "_store")
+
+    def __init__(self, docid: int, id: str, score: float, title: str = "", text: str = "") -> None:
+        self.docid = docid  # internal docid
+        self.id = id  # external id from the corpus
+        self.score = score  # the f32 BM25 score
+        self._title = title
+        self._text = text
+        self._store: IndexReader | None = None  # set: title and text are still in the index
+
+    def _fetch(self) -> None:
+        store = self._store
+        if store is not None:  # two threads may both fetch: the same values, set before the mark is cleared
+            self._title, self._text = store.document(self.docid)
+            self._store = None
+
+    @property
+    def title(self) -> str:
+        self._fetch()
+        return self._title
+
+    @title.setter
+    def title(self, value: str) -> None:
+        self._fetch()
+        self._title = value
+
+    @property
+    def text(self) -> str:
+        self._fetch()
+        return self._text
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._fetch()
+        self._text = value
+
+    def _fields(self) -> tuple:
+        return self.docid, self.id, self.score, self.title, self.text
+
+    def __eq__(self, other: object) -> bool:
+        return self._fields() == other._fields() if isinstance(other, Hit) else NotImplemented
+
+    __hash__ = None  # mutable, as the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return (f"Hit(docid={self.docid!r}, id={self.id!r}, score={self.score!r}, title={self.title!r}, "
+                f"text={self.text!r})")
+
+    def __reduce__(self):  # pickled (Ray, multiprocessing) with its passage, not the index it was read from
+        return Hit, self._fields()
 
     def to_dict(self) -> dict:
         return {"id": self.id, "docid": self.docid, "score": self.score, "title": self.title, "text": self.text}
+
+
+def hits_of(index: IndexReader, top: TopK, with_text: bool = True) -> list[Hit]:
+    """``top`` as hits: external ids decoded at once (offsets gathered as arrays), passages left in the index
+    until a hit's ``title`` or ``text`` is read (``with_text``; else both are "")."""
+    ids = index.external_ids(top.docids)
+    out = [Hit(d, i, s) for d, i, s in zip(top.docids.tolist(), ids, top.scores.tolist())]
+    if with_text:
+        for h in out:
+            h._store = index
+    return out
 
 
 class Searcher:
@@ -51,35 +108,27 @@ class Searcher:
         self.backend = cls(self.index, **backend_options)
         self.queue = queue_for(self.backend, queue)
         self.analyzer = self.index.analyzer
+        self._prepare = QueryPreparer(self.index)
+        try:  # the index's own k1 and b, checked once (None: checked, and refused, at every search)
+            bm25.check_params(self.index.k1, self.index.b)
+            self._params: tuple[float, float] | None = (self.index.k1, self.index.b)
+        except ValueError:
+            self._params = None
 
     @property
     def manifest(self) -> dict:
         return self.index.manifest
 
-    @cached_property
+    @property
     def _idf(self) -> np.ndarray:
-        """Every term's f32 idf, computed once (element by element, as for a single query's terms)."""
-        return bm25.idf_f32(np.asarray(self.index.df), self.index.doc_count)
+        return self._prepare.idf
 
     # -- prepare ----------------------------------------------------------------------------
     def analyze(self, query: str) -> QueryTerms:
         """Distinct query terms ascending by id, boosted by their count in the query (pyserini's rule)."""
         if not isinstance(query, str):
             raise SearchError("query must be a string")
-        counts, _ = self.analyzer.term_counts(query)
-        vocab = self.index.term_ids
-        found, unknown = [], []
-        for term, c in counts.items():
-            t = vocab.get(term)
-            if t is None:
-                unknown.append(term)
-            else:
-                found.append((t, c))
-        found.sort()
-        term_ids = np.array([t for t, _ in found], dtype=np.uint32)
-        boosts_f = np.array([c for _, c in found], dtype=np.float32)
-        weights = boosts_f * self._idf[term_ids]  # f32 * f32: the product rounded once, as Lucene's boost * idf
-        return QueryTerms(term_ids=term_ids, boosts=boosts_f, weights=weights, unknown=tuple(unknown))
+        return self._prepare(query)
 
     # -- search -----------------------------------------------------------------------------
     def _check(self, k: int, k1: float | None, b: float | None) -> tuple[float, float]:
@@ -87,6 +136,8 @@ class Searcher:
             raise SearchError("k must be an integer")
         if not 1 <= k <= MAX_K:
             raise SearchError(f"k must be between 1 and {MAX_K}, got {k}")
+        if k1 is None and b is None and self._params is not None:
+            return self._params
         k1 = self.index.k1 if k1 is None else float(k1)
         b = self.index.b if b is None else float(b)
         try:
@@ -100,21 +151,21 @@ class Searcher:
                      deadline: float | None = None) -> list[list[Hit]]:
         """Top-k hits of each query, best first; the batch goes to the backend in one launch (shared with
         concurrent callers'). ``deadline`` (``time.monotonic``): ``QueueTimeout`` if the launch has not started
-        by then."""
+        by then. ``times`` gains the stages' seconds (the backend times its own only when asked)."""
         k1, b = self._check(k, k1, b)
         for q in queries:
             if not isinstance(q, str) or not q.strip():
                 raise SearchError("queries must be non-empty strings")
-        t0 = time.perf_counter()
-        analysed = [self.analyze(q) for q in queries]
-        t1 = time.perf_counter()
-        kt = StageTimes()
-        results = self.queue.run(analysed, int(k), k1, b, kt, deadline)
-        t2 = time.perf_counter()
-        hits = [self.hits(r, with_text) for r in results]
-        t3 = time.perf_counter()
+        t0 = time.perf_counter_ns()
+        analysed = [self._prepare(q) for q in queries]
+        t1 = time.perf_counter_ns()
+        results = self.queue.run(analysed, int(k), k1, b, times, deadline)
+        t2 = time.perf_counter_ns()
+        index = self.index
+        hits = [hits_of(index, r, with_text) for r in results]
         if times is not None:
-            times.add(StageTimes(prepare=t1 - t0, relevancy=kt.relevancy, retrieval=kt.retrieval + (t3 - t2)))
+            times.prepare += (t1 - t0) * 1e-9
+            times.retrieval += (time.perf_counter_ns() - t2) * 1e-9
         return hits
 
     def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
@@ -122,11 +173,7 @@ class Searcher:
         return self.search_batch([query], k, k1, b, with_text, times, deadline)[0]
 
     def hits(self, top: TopK, with_text: bool = True) -> list[Hit]:
-        out = []
-        for d, s in zip(top.docids.tolist(), top.scores.tolist()):
-            title, text = self.index.document(d) if with_text else ("", "")
-            out.append(Hit(docid=d, id=self.index.external_id(d), score=s, title=title, text=text))
-        return out
+        return hits_of(self.index, top, with_text)
 
     def close(self) -> None:
         """Finish the queued searches, refuse new ones, release the backend."""
