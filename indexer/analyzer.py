@@ -119,7 +119,7 @@ class Analyzer:
             pattern = _TOKEN
         toks = pattern.findall(text)
         limit = self.config.max_token_length
-        if toks and max(map(len, toks)) > limit:
+        if len(text) > limit and toks and max(map(len, toks)) > limit:
             toks = [tok[i:i + limit] for tok in toks for i in range(0, len(tok), limit)]
         return toks
 

@@ -30,6 +30,7 @@ class QueryPreparer:
         self.max_tokens = max_tokens
         # token -> term id (int), or the term (str) when the index lacks it, or "" when the chain drops the token
         self._tokens: dict[str, int | str] = {}
+        self._idf_of: dict[int, float] = {}  # the f32 idf of each term id in ``_tokens``
 
     @cached_property
     def idf(self) -> np.ndarray:
@@ -43,15 +44,17 @@ class QueryPreparer:
             tid = self.index.term_ids.get(term)
             if tid is not None:
                 entry = tid
+                self._idf_of[tid] = float(self.idf[tid])
         if len(self._tokens) < self.max_tokens:
             self._tokens[token] = entry
         return entry
 
     def __call__(self, query: str) -> QueryTerms:
+        tokens = self.analyzer.tokens(query)
         get = self._tokens.get
         counts: dict[int, int] = {}
         unknown: dict[str, None] = {}  # in order of first occurrence, as the analyzer's term counts list them
-        for token in self.analyzer.tokens(query):
+        for token in tokens:
             e = get(token)
             if e is None:
                 e = self._learn(token)
@@ -60,7 +63,16 @@ class QueryPreparer:
             elif e:
                 unknown[e] = None
         ids = sorted(counts)
+        boosts = [counts[t] for t in ids]
         term_ids = np.array(ids, dtype=np.uint32)
-        boosts = np.array([counts[t] for t in ids], dtype=np.float32)
-        weights = boosts * self.idf[term_ids]  # f32 * f32: the product rounded once, as Lucene's boost * idf
-        return QueryTerms(term_ids=term_ids, boosts=boosts, weights=weights, unknown=tuple(unknown))
+        if len(tokens) < 1 << 24:
+            # boost * idf in f64 is exact (24-bit integer times a 24-bit significand), so rounding it to f32 gives
+            # the bits of the f32 product (Lucene's boost * idf) without the gather and multiply (numpy calls cost
+            # several microseconds each right after a scoring pass has flushed the caches).
+            idf_of = self._idf_of
+            weights = np.array([c * idf_of[t] for t, c in zip(ids, boosts)], dtype=np.float32)
+            boosts_f = np.array(boosts, dtype=np.float32)
+        else:  # counts that f32 rounds: the f32 product itself
+            boosts_f = np.array(boosts, dtype=np.float32)
+            weights = boosts_f * self.idf[term_ids]
+        return QueryTerms(term_ids=term_ids, boosts=boosts_f, weights=weights, unknown=tuple(unknown))
