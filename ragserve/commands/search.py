@@ -89,14 +89,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.query is not None:
             hits = searcher.search(args.query, k=args.k, k1=args.k1, b=args.b)
-            if args.json:
-                print(json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1))
-            elif not hits:
-                print("no document matches the query")
-            for rank, h in enumerate(hits if not args.json else [], 1):
-                text = h.text if len(h.text) <= 200 else h.text[:200] + "..."
-                title = f"  {h.title}" if h.title else ""  # BEIR ArguAna and others have no titles
-                print(f"{rank:3d}  {h.score:9.4f}  {h.id}{title}\n      {text}")
+            print(format_hits(hits, args.json))
             return 0
         return _run_file(args, searcher)
     except SearchError as e:
@@ -106,6 +99,21 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         searcher.close()
+
+
+def format_hits(hits: list, as_json: bool = False) -> str:
+    """What ``ragserve search QUERY`` prints for its hits: JSON, or a ranked list with each passage cut to 200
+    characters."""
+    if as_json:
+        return json.dumps([h.to_dict() for h in hits], ensure_ascii=False, indent=1)
+    if not hits:
+        return "no document matches the query"
+    lines = []
+    for rank, h in enumerate(hits, 1):
+        text = h.text if len(h.text) <= 200 else h.text[:200] + "..."
+        title = f"  {h.title}" if h.title else ""  # BEIR ArguAna and others have no titles
+        lines.append(f"{rank:3d}  {h.score:9.4f}  {h.id}{title}\n      {text}")
+    return "\n".join(lines)
 
 
 def _run_file(args: argparse.Namespace, searcher) -> int:
