@@ -130,39 +130,40 @@ class IndexReader:
             return f.read(int(offsets[term_id + 1] - offsets[term_id])).decode("utf-8")
 
     # -- documents ----------------------------------------------------------------------------
-    # Offsets as plain ndarray views (indexing an np.memmap builds a memmap object each time: microseconds); the
-    # blobs as ``mmap`` objects, whose slices are ``bytes`` at once (a numpy slice and ``tobytes`` cost 3x that).
+    # Offsets as memoryviews of native uint64 (an item is a Python int: no numpy call, whose machinery costs
+    # microseconds once a scoring pass has flushed the caches), blobs as ``mmap`` objects (a slice is ``bytes`` at
+    # once; a numpy slice and ``tobytes`` cost 3x that).
     @cached_property
     def _docids_blob(self) -> mmap.mmap | bytes:
         return _map_blob(self._docids[0])
 
     @cached_property
-    def _docids_offsets(self) -> np.ndarray:
-        return np.asarray(self._docids[1])
+    def _docids_offsets(self) -> memoryview:
+        return _offsets(self._docids[1])
 
     @cached_property
     def _store_blob(self) -> mmap.mmap | bytes:
         return _map_blob(self._store[0])
 
     @cached_property
-    def _store_offsets(self) -> np.ndarray:
-        return np.asarray(self._store[1])
+    def _store_offsets(self) -> memoryview:
+        return _offsets(self._store[1])
 
     def external_id(self, docid: int) -> str:
-        a, b = self._docids_offsets[docid:docid + 2].tolist()
-        return self._docids_blob[a:b].decode("utf-8")
-
-    def external_ids(self, docids: np.ndarray) -> list[str]:
-        """The external ids of many internal docids, their offsets gathered at once."""
         off = self._docids_offsets
-        docids = np.asarray(docids, dtype=np.int64)
-        blob = self._docids_blob
-        return [blob[a:b].decode("utf-8") for a, b in zip(off[docids].tolist(), off[docids + 1].tolist())]
+        return self._docids_blob[off[docid]:off[docid + 1]].decode("utf-8")
+
+    def external_ids(self, docids: np.ndarray | list[int]) -> list[str]:
+        """The external ids of many internal docids."""
+        if isinstance(docids, np.ndarray):
+            docids = docids.tolist()
+        off, blob = self._docids_offsets, self._docids_blob
+        return [blob[off[d]:off[d + 1]].decode("utf-8") for d in docids]
 
     def document(self, docid: int) -> tuple[str, str]:
         """(title, text) of an internal docid."""
-        a, b = self._store_offsets[docid:docid + 2].tolist()
-        title, _, text = self._store_blob[a:b].decode("utf-8").partition(L.FIELD_SEPARATOR)
+        off = self._store_offsets
+        title, _, text = self._store_blob[off[docid]:off[docid + 1]].decode("utf-8").partition(L.FIELD_SEPARATOR)
         return title, text
 
     # -- postings ------------------------------------------------------------------------------
@@ -179,6 +180,11 @@ class IndexReader:
         if not docs:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(docs), np.concatenate(tfs)
+
+
+def _offsets(a: np.ndarray) -> memoryview:
+    """A layout's little-endian u64 offsets as a memoryview of native uint64 (copied only on a big-endian host)."""
+    return memoryview(np.ascontiguousarray(a, dtype=np.uint64)).cast("B").cast("Q")
 
 
 def _map_blob(path: Path) -> mmap.mmap | bytes:

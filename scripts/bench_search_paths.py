@@ -6,8 +6,8 @@ searcher, the CLI and the HTTP server add around the backend's own call, per sta
     python scripts/bench_search_paths.py --index /tmp/synth/dpr21m --queries /tmp/synth/msmarco.tsv --backend gpu \
         -k 10 --n 300 --out paths.json        # the H200 (--device cpu: a dry run on torch's CPU device)
 
-Paths, each query through every one of them in turn (in rotating order from one repetition to the next, so drift
-and the caches a path leaves hit every path alike):
+Paths, each query through every one of them in turn, in a random order each time (the first call of a query finds
+its postings out of the caches, the next ones in them: a fixed order would favour the paths after the backend's):
 - ``backend``: the backend's call on the query analysed beforehand (what ``bench_gpu.py`` times: the GPU's
   single-query CUDA graph), no stage times asked;
 - ``queue``: the same through the searcher's queue (``DeviceQueue`` / ``ParallelCalls``);
@@ -15,9 +15,9 @@ and the caches a path leaves hit every path alike):
   ranked ids, the production path of the CLI's run files, the RAG loops and the peers' benchmark;
 - ``searcher+text``: the same with the passages (title, text) read, as a prompt or ``/v1/search`` reads them;
 - ``cli``: ``ragserve search QUERY``'s work for one query (the search and its printed lines, not the process);
-- ``http``: ``POST /v1/search`` through the server's Flask app in this process (Werkzeug's test client: the
-  validation, the search service, its metrics and the JSON body; no socket).
-Components, timed alone in the same rotation: ``prepare`` (``Searcher.analyze``), ``hits`` (a backend result to
+- ``http``: ``POST /v1/search`` through the server's WSGI app in this process, from the request's environ to
+  its JSON body (Flask, the validation, the search service and its metrics, the passages; no socket, no client).
+Components, timed alone in the same shuffle: ``prepare`` (``Searcher.analyze``), ``hits`` (a backend result to
 hits with ids) and ``hits+text``. The searcher path's stage times (``StageTimes``) are reported as well.
 
 Every call is timed by the wall clock and by the calling thread's CPU clock; on a shared machine the CPU clock
@@ -29,6 +29,7 @@ machine; paths that checkout lacks are left out).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from ragserve.server.app import create_app
     from ragserve.server.config import ServerConfig
     from ragserve.topics import read_queries
+    from werkzeug.test import EnvironBuilder
 
     try:
         from ragserve.commands.search import format_hits
@@ -104,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     texts = [q.text for q in read_queries(a.queries) if q.text.strip()][:a.warmup + a.n]
     analysed = [s.analyze(t) for t in texts]
     tops = [s.backend.search_terms([q], k, k1, b)[0] for q in analysed]
-    client = create_app(s, ServerConfig(max_k=MAX_K)).test_client()
+    app = create_app(s, ServerConfig(max_k=MAX_K))
+    # Requests as the WSGI server hands them to the app: the environ built beforehand, so that the client's side
+    # (Werkzeug's test client builds and parses as much as the server does) is left out.
+    base_env = EnvironBuilder(path="/v1/search", method="POST", content_type="application/json").get_environ()
+    bodies = [json.dumps({"query": t, "k": k}).encode() for t in texts]
     # The server's metrics listen to the searcher's queue: only while a request goes through the server, as the
     # other paths run without a server.
     server_listeners = list(s.queue._listeners)
@@ -122,14 +128,17 @@ def main(argv: list[str] | None = None) -> int:
             h.id, h.title, h.text
 
     def http(i: int) -> None:
+        env = {**base_env, "wsgi.input": io.BytesIO(bodies[i]), "CONTENT_LENGTH": str(len(bodies[i]))}
+        status = []
         s.queue._listeners[:] = server_listeners
         try:
-            r = client.post("/v1/search", json={"query": texts[i], "k": k})
+            out = app(env, lambda st, headers, exc_info=None: status.append(st))
+            body = b"".join(out)
+            out.close()  # as the WSGI server does: the request's metrics are recorded on close
         finally:
             s.queue._listeners.clear()
-        if r.status_code != 200:
-            raise SystemExit(f"/v1/search answered {r.status_code}: {r.get_data(as_text=True)[:200]}")
-        r.get_json()
+        if not status[0].startswith("200"):
+            raise SystemExit(f"/v1/search answered {status[0]}: {body[:200]!r}")
 
     paths = {
         "backend": lambda i: s.backend.search_terms([analysed[i]], k, k1, b),
@@ -155,13 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     wall = {p: np.zeros((a.repeat, n)) for p in names}
     cpu = {p: np.zeros((a.repeat, n)) for p in names}
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+    order = np.random.default_rng(0)
     t_start = time.perf_counter()
     stage_log.clear()
     for rep in range(a.repeat):
         for qi in range(n):
             i = a.warmup + qi
-            rot = (qi + rep) % len(names)
-            for p in names[rot:] + names[:rot]:
+            for j in order.permutation(len(names)):
+                p = names[j]
                 fn = calls[p]
                 c0, t0 = cpu_clock(), clock()
                 fn(i)
