@@ -89,8 +89,7 @@ class Hit:
 def hits_of(index: IndexReader, top: TopK, with_text: bool = True) -> list[Hit]:
     """``top`` as hits with their external ids; passages left in the index until a hit's ``title`` or ``text`` is
     read (``with_text``; else both are "")."""
-    docids = top.docids.tolist()
-    out = [Hit(d, i, s) for d, i, s in zip(docids, index.external_ids(docids), top.scores.tolist())]
+    out = [Hit(d, i, s) for d, i, s in zip(top.docids.tolist(), index.external_ids(top.docids), top.scores.tolist())]
     if with_text:
         for h in out:
             h._store = index
