@@ -2,8 +2,8 @@
 
 A search is the memory pipeline's first three stages:
 prepare (analyse the query into weighted terms) -> compute relevancy (BM25 scoring, backend kernel)
--> retrieval (exact top-k, then fetching stored text). The fourth stage, apply, belongs to the caller
-(the RAG loop builds a prompt from the hits).
+-> retrieval (exact top-k, then the hits' external ids). The fourth stage, apply, belongs to the caller
+(the RAG loop builds a prompt from the hits); a hit reads its stored passage when the caller first asks for it.
 
 Every search reaches the backend through the searcher's queue (``ragserve.retrieval.queue``), so all callers of
 one ``Searcher`` (server threads, RAG loops, the CLI) share it: a device backend never sees two at once, and
@@ -79,7 +79,7 @@ class Hit:
         return (f"Hit(docid={self.docid!r}, id={self.id!r}, score={self.score!r}, title={self.title!r}, "
                 f"text={self.text!r})")
 
-    def __reduce__(self):  # pickled (Ray, multiprocessing) with its passage, not the index it was read from
+    def __reduce__(self) -> tuple:  # pickled (Ray, multiprocessing) with its passage, not the index it was read from
         return Hit, self._fields()
 
     def to_dict(self) -> dict:
