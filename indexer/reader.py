@@ -164,14 +164,18 @@ class IndexReader:
     def external_ids(self, docids: np.ndarray | list[int]) -> list[str]:
         """The external ids of many internal docids.
 
-        The offsets are gathered by numpy, whose loop has every (random) read in flight at once where a Python
-        loop waits for each in turn; from 32 ids the blob's lines are touched the same way before the decoding
-        loop reads them (1,000 random ids of 1M: 420 -> 155 us)."""
+        From 32 ids, numpy gathers the offsets and touches the blob's lines first: its loop has every (random) read
+        in flight at once, where the Python loop waits for each in turn (1,000 random ids of 1M: 420 -> 155 us).
+        Fewer ids are read without numpy, whose calls cost more than they save there."""
+        blob = self._docids_blob
+        if len(docids) < 32:
+            off = self._docids_offsets
+            ids = docids.tolist() if isinstance(docids, np.ndarray) else docids
+            return [blob[off[d]:off[d + 1]].decode("utf-8") for d in ids]
         d = np.asarray(docids, dtype=np.int64)
         off = self._docids_offsets_array
         starts, ends = off[d], off[d + 1]
-        blob = self._docids_blob
-        if d.size >= 32 and len(blob):
+        if len(blob):
             self._docids_blob_array.take(starts, mode="clip")
         return [blob[a:b].decode("utf-8") for a, b in zip(starts.tolist(), ends.tolist())]
 
