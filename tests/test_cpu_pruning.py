@@ -15,7 +15,7 @@ from indexer import layout as L
 from indexer.bm25 import QueryTerms, norm_cache, sum_is_exact
 from indexer.reader import IndexReader
 from ragserve.kernels.cpu.backend import CpuBackend, CpuTuning
-from ragserve.kernels.cpu.selection import flush_block, topk_sorted
+from ragserve.kernels.cpu.selection import flush_block, initial_key, topk_sorted
 from ragserve.retrieval.searcher import Searcher
 from ragserve.topics import read_queries
 from tests.conftest import shared
@@ -36,7 +36,10 @@ def _compare(index_path, texts, tuning: CpuTuning, ks=KS, k1=None, b=None) -> tu
     k1 = ix.k1 if k1 is None else k1
     b = ix.b if b is None else b
     pruned = CpuBackend(ix, threads=1, tuning=tuning)
-    full = CpuBackend(ix, threads=1, prune=False)
+    # The reference reads the file maps (no norms fused into its postings): each pair also compares the two.
+    full = CpuBackend(ix, threads=1, prune=False, tuning=CpuTuning(resident=False))
+    assert pruned.describe()["fused_norms"] == (tuning.resident and tuning.fuse_norms)
+    assert not full.describe()["fused_norms"]
     n = scored = scored_full = 0
     for text in texts:
         q = s.analyze(text)
@@ -63,6 +66,61 @@ def test_pruned_equals_exhaustive_on_real_questions_arguana(arguana_index):
     n, scored, scored_full = _compare(arguana_index, _questions(100), CpuTuning(window=256, probe_ratio=4))
     assert n >= 4 * 190
     assert scored < scored_full
+
+
+def test_pruned_equals_exhaustive_without_fused_norms_or_seed(hotpot_index):
+    n, scored, scored_full = _compare(hotpot_index, _questions(60), CpuTuning(window=128, fuse_norms=False, seed=False))
+    assert scored < scored_full
+
+
+def test_initial_threshold_is_reached_by_k_documents(hotpot_index):
+    """The seeded threshold (k-th largest fine-block bound, or exact score for short lists, of one term) is at most
+    the exhaustive k-th score of every query, and it is known for most of them."""
+    from ragserve.kernels.cpu import search as S
+
+    s = Searcher(hotpot_index, threads=1)
+    ix = s.index
+    be = CpuBackend(ix, threads=1)
+    full = CpuBackend(ix, threads=1, prune=False, tuning=CpuTuning(resident=False))
+    cache, default = be._params(ix.k1, ix.b)
+    seeded = compared = 0
+    for text in _questions(60):
+        q = s.analyze(text)
+        if not len(q):
+            continue
+        for k in (1, 10, 100):
+            for exact_limit in (0, 1 << 20):  # from the fine blocks only; from exact scores wherever they exist
+                seed = max(float(S.initial_threshold(
+                    a[0], a[1], a[2], a[3], a[7], a[8], be._norms, cache, q.term_ids.astype(np.int64), q.weights,
+                    default, k, ix.block_size, ix.tf_bits, be._fused, exact_limit)) for a, _, _ in be._shard_args)
+                top = full.search_terms([q], k, ix.k1, ix.b)[0]
+                if len(top.scores) < k:
+                    assert seed == 0.0
+                    continue
+                assert seed <= float(top.scores[k - 1]), (text, k)
+                seeded += seed > 0.0
+                compared += 1
+    assert seeded > compared // 2
+
+
+def test_block_max_passes_over_fine_blocks_of_a_dominant_term(hotpot_index):
+    """One- and two-term queries: the essential term's fine blocks whose bound cannot win are not scored."""
+    s = Searcher(hotpot_index, threads=1)
+    ix = s.index
+    pruned = CpuBackend(ix, threads=1, tuning=CpuTuning(window=1024))
+    full = CpuBackend(ix, threads=1, prune=False, tuning=CpuTuning(resident=False))
+    df = np.asarray(ix.df)
+    dead = 0
+    for t in np.argsort(-df)[:40:4]:
+        for extra in (None, int(np.argsort(-df)[200])):
+            tids = np.array([t] if extra is None else sorted({int(t), extra}), np.uint32)
+            q = QueryTerms(term_ids=tids, boosts=np.ones(tids.size, np.float32),
+                           weights=np.linspace(3.0, 1.0, tids.size).astype(np.float32))
+            for k in (1, 10):
+                a, st = pruned.search_with_stats(q, k, ix.k1, ix.b)
+                assert a.same_as(full.search_terms([q], k, ix.k1, ix.b)[0]), (tids, k)
+                dead += st["dead_postings"]
+    assert dead > 0
 
 
 def test_pruned_equals_exhaustive_with_other_k1_b(hotpot_index):
@@ -109,26 +167,29 @@ def test_order_dependent_sums_take_the_canonical_order(hotpot_index):
         assert pruned.search_terms([q], k, ix.k1, ix.b)[0].same_as(full.search_terms([q], k, ix.k1, ix.b)[0])
 
 
-def test_topk_buffer_keeps_the_k_best_by_the_tie_rule():
-    """flush_block / topk_sorted against a sort: score descending, then docid ascending, with many equal scores."""
+@pytest.mark.parametrize("seeded", [False, True])
+def test_topk_buffer_keeps_the_k_best_by_the_tie_rule(seeded):
+    """flush_block / topk_sorted against a sort: score descending, then docid ascending, with many equal scores;
+    seeded, the threshold starts at the k-th best score itself (``initial_key``): docs tied with it still enter."""
     rng = np.random.default_rng(1)
     for k in (1, 3, 10, 100):
-        buf = np.empty(2 * k, np.uint64)
-        st = np.zeros(2, np.uint64)
-        stats = np.zeros(2, np.int64)
-        seen = []
-        base = 0
-        for _ in range(40):  # windows of docs in docid order, offered in a shuffled order within each window
+        windows = []
+        for w in range(40):  # windows of docs in docid order, offered in a shuffled order within each window
             n = int(rng.integers(0, 60))
             scores = rng.integers(1, 6, n).astype(np.float64) / 4  # few distinct values: ties everywhere
-            offs = rng.permutation(64)[:n].astype(np.int64)
+            windows.append((w * 64, scores, rng.permutation(64)[:n].astype(np.int64)))
+        seen = [(float(np.float32(sc)), base + int(o)) for base, scores, offs in windows for sc, o in zip(scores, offs)]
+        want = sorted(seen, key=lambda x: (-x[0], x[1]))[:k]
+        buf = np.empty(2 * k, np.uint64)
+        st = np.zeros(3, np.uint64)
+        if seeded:
+            st[1] = initial_key(np.float32(want[-1][0]))
+        stats = np.zeros(2, np.int64)
+        for base, scores, offs in windows:
             acc = np.zeros(64)
             acc[offs] = scores
             live = (acc != 0).astype(np.uint8)
-            flush_block(acc, live, offs, n, base, buf, st, k, stats, 0)
+            flush_block(acc, live, offs, offs.size, base, buf, st, k, stats, 0)
             assert not acc.any() and not live.any()
-            seen += [(float(np.float32(sc)), base + int(o)) for sc, o in zip(scores, offs)]
-            base += 64
         docs, out = topk_sorted(buf, st, k)
-        want = sorted(seen, key=lambda x: (-x[0], x[1]))[:k]
         assert [(float(s), int(d)) for s, d in zip(out, docs)] == want

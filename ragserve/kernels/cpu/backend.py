@@ -22,6 +22,7 @@ from indexer.reader import IndexReader
 from indexer import bm25
 from indexer import layout as L
 from indexer.writer import fine_bounds
+from ragserve.kernels.cpu import relevancy as R
 from ragserve.kernels.cpu import search as S
 from ragserve.kernels.cpu.selection import topk_sorted
 from indexer.bm25 import QueryTerms
@@ -39,8 +40,15 @@ class CpuTuning:
     # Fetch a window's norms as one stream before scoring it (measured: 3-6% off a query after other work; a
     # prefetch of the postings ranges as well gained nothing).
     prefetch_norms: bool = True
+    # Start each query's threshold at a score k documents are known to reach (``search.initial_threshold``);
+    # terms of at most ``seed_exact`` postings give theirs from exact scores.
+    seed: bool = True
+    seed_exact: int = 1024
     # Copy the layout's search arrays into memory on huge pages at open (else read them through the file maps).
     resident: bool = True
+    # In that copy, put each doc's length byte into its postings (``relevancy.fuse_norms``), where the bits allow:
+    # scoring then reads no norms at random (the file's postings are left as they are).
+    fuse_norms: bool = True
 
 
 _SHARD_ARRAYS = ("postings", "term_ptr", "blk_id", "blk_start", "blk_maxq", "blk_maxtf", "blk_minnorm", "fine_ptr",
@@ -54,19 +62,25 @@ def resident_copy(a: np.ndarray) -> np.ndarray:
     map most of those touches also miss the TLB (costly under virtualisation: measured 20% of a query that
     follows other work, 1M passages). Falls back to an ordinary copy where huge pages cannot be asked for."""
     a = np.asarray(a)
-    size = -(-max(a.nbytes, 1) // HUGE_PAGE) * HUGE_PAGE
-    try:
-        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        m.madvise(mmap.MADV_HUGEPAGE)
-    except (AttributeError, OSError, ValueError):
-        return np.array(a)
-    out = np.frombuffer(m, dtype=a.dtype, count=a.size)
+    out = resident_empty(a.size, a.dtype)
     out[:] = a
     return out
 
 
+def resident_empty(n: int, dtype: np.dtype) -> np.ndarray:
+    """An uninitialised 1-D array of ``n`` items on 2 MiB pages where the kernel grants them (``resident_copy``)."""
+    dtype = np.dtype(dtype)
+    size = -(-max(n * dtype.itemsize, 1) // HUGE_PAGE) * HUGE_PAGE
+    try:
+        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError, ValueError):
+        return np.empty(n, dtype=dtype)
+    return np.frombuffer(m, dtype=dtype, count=n)
+
+
 STAT_NAMES = ("scored", "scanned", "probes", "candidates", "windows", "skipped_windows", "skipped_postings",
-              "flushed", "pushes")
+              "flushed", "pushes", "dead_postings")
 
 
 class _Buffers:
@@ -96,6 +110,9 @@ class CpuBackend(Backend):
         if index.num_docs >= 1 << 32:
             raise ValueError("the cpu backend's heap keys hold docids below 2^32")
         self._norms = self._load(index.norms)
+        offset_bits = (index.block_size - 1).bit_length()
+        self._fused = bool(self.tuning.resident and self.tuning.fuse_norms
+                           and offset_bits + index.tf_bits + R.NORM_BITS <= 32)
         self._pool: queue.SimpleQueue[_Buffers] = queue.SimpleQueue()
         self._executor = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         # Materialise the memory maps once: numba kernels take plain arrays.
@@ -112,7 +129,8 @@ class CpuBackend(Backend):
 
     def _arrays(self, s) -> dict:
         a = {n: self._load(getattr(s, n)) for n in
-             ("postings", "term_ptr", "blk_id", "blk_start", "blk_maxq", "blk_maxtf", "blk_minnorm")}
+             ("term_ptr", "blk_id", "blk_start", "blk_maxq", "blk_maxtf", "blk_minnorm")}
+        a["postings"] = np.asarray(s.postings) if self._fused else self._load(s.postings)
         if s.fine_ptr is not None:
             a.update(fine_ptr=self._load(s.fine_ptr), fine_maxq=self._load(s.fine_maxq),
                      fine_last=self._load(s.fine_last))
@@ -121,10 +139,16 @@ class CpuBackend(Backend):
             a["fine_ptr"], a["fine_maxq"], a["fine_last"] = fine_bounds(
                 a["postings"], a["blk_id"], a["blk_start"], self._norms, cache, self.index.tf_bits,
                 self.index.block_size, L.DEFAULT_FINE_BLOCK)
+        if self._fused:
+            fused = resident_empty(a["postings"].size, np.uint32)
+            R.fuse_norms(a["postings"], a["blk_id"], a["blk_start"], self._norms, self.index.tf_bits,
+                         self.index.block_size, fused)
+            a["postings"] = fused
         return a
 
     def describe(self) -> dict:
-        return {"backend": self.name, "threads": self.threads, "pruning": self.prune, "window": self._window}
+        return {"backend": self.name, "threads": self.threads, "pruning": self.prune, "window": self._window,
+                "fused_norms": self._fused}
 
     def _buffers(self) -> _Buffers:
         try:
@@ -175,18 +199,23 @@ class CpuBackend(Backend):
         if len(q) == 0:
             return TopK(np.zeros(0, np.int64), np.zeros(0, np.float32)), 0.0, 0.0
         top = np.empty(2 * k, dtype=np.uint64)
-        st = np.zeros(2, dtype=np.uint64)
+        st = np.zeros(3, dtype=np.uint64)
         tids = q.term_ids.astype(np.int64)
         min_q = self._min_q.get(id(cache))
         exact = bm25.sum_is_exact(q.weights, float(cache.min()) if min_q is None else min_q)
         buf = self._buffers()
         ix = self.index
         try:
+            if self.prune and self.tuning.seed:
+                for arrays, _, _ in self._shard_args:
+                    S.seed_threshold(arrays[0], arrays[1], arrays[2], arrays[3], arrays[7], arrays[8], self._norms,
+                                     cache, tids, q.weights, default_params, k, ix.block_size, ix.tf_bits,
+                                     self._fused, self.tuning.seed_exact, st)
             for arrays, b0, b1 in self._shard_args:  # in docid order: the top-k carries the k-th score across shards
                 S.search_shard(*arrays, self._fine_block, self._norms, cache, tids, q.weights, default_params, exact,
-                               self.prune, k, ix.block_size, ix.tf_bits, b0, b1, self._window, self.tuning.probe_ratio,
-                               self.tuning.prefetch_norms,
-                               buf.acc, buf.live, buf.touched, buf.cands, top, st, stats)
+                               self.prune, k, ix.block_size, ix.tf_bits, self._fused, b0, b1, self._window,
+                               self.tuning.probe_ratio, self.tuning.prefetch_norms, buf.acc, buf.live, buf.touched,
+                               buf.cands, top, st, stats)
         finally:
             self._pool.put(buf)
         t1 = time.perf_counter()

@@ -22,19 +22,39 @@ def _term_score(w, tf, c):
 
 # Offsets are kept unsigned: numba adds a negative-index fix-up to every access through a signed index.
 U = np.uint64
+NORM_BITS = 8
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _norm(p, nb, off, fused, tf_bits):
+    """A posting's length byte: from the posting itself where the norms are fused in (``fuse_norms``: the byte
+    sits between tf and the doc offset, and ``shift`` skips it), else from the norms (a random read)."""
+    return U((p >> tf_bits) & np.uint32(0xFF)) if fused else U(nb[off])
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def score_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, touched, n_t, shift, mask):
-    """Add postings ``lo:hi`` into ``acc``, a window's accumulator (index: block offset - w0), and mark their docs
-    in ``live``; returns the touched count. ``base`` is the block's first docid (for the norms)."""
-    nb = norms[U(base):]
-    uw0 = U(w0)
-    n = U(n_t)
-    for j in range(U(lo), U(hi)):
+def fuse_norms(postings, blk_id, blk_start, norms, tf_bits, block_size, out):
+    """Write into ``out`` the postings with each doc's length byte between tf and the doc offset:
+    ``(offset << (tf_bits + 8)) | (norm << tf_bits) | tf``. The order of the postings by doc offset is kept, so
+    ``p >> (tf_bits + 8)`` serves every search; scoring then reads no norms (needs offset bits + tf_bits + 8
+    <= 32)."""
+    shift = np.uint32(tf_bits)
+    mask = np.uint32((1 << tf_bits) - 1)
+    for e in range(blk_id.size):
+        base = np.int64(blk_id[e]) * block_size
+        for j in range(np.int64(blk_start[e]), np.int64(blk_start[e + 1])):
+            p = postings[j]
+            off = p >> shift
+            nrm = np.uint32(norms[base + np.int64(off)])
+            out[j] = (off << np.uint32(tf_bits + NORM_BITS)) | (nrm << shift) | (p & mask)
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _score_run(postings, lo, hi, w, cache, nb, uw0, acc, live, touched, n, shift, mask, fused, tf_bits):
+    for j in range(lo, hi):
         p = postings[j]
         off = U(p >> shift)
-        s = _term_score(w, p & mask, cache[U(nb[off])])
+        s = _term_score(w, p & mask, cache[_norm(p, nb, off, fused, tf_bits)])
         i = off - uw0
         a = acc[i]
         # Branch-free first-touch bookkeeping: whether a doc was seen before is unpredictable.
@@ -42,11 +62,46 @@ def score_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, touched,
         n += U(a == 0.0)
         acc[i] = a + np.float64(s)
         live[i] = 1
+    return n
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def score_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, touched, n_t, shift, mask, fused, tf_bits):
+    """Add postings ``lo:hi`` into ``acc``, a window's accumulator (index: block offset - w0), and mark their docs
+    in ``live``; returns the touched count. ``base`` is the block's first docid (for the norms)."""
+    n = _score_run(postings, U(lo), U(hi), w, cache, norms[U(base):], U(w0), acc, live, touched, U(n_t), shift, mask,
+                   fused, tf_bits)
     return np.int64(n)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def scan_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, shift, mask):
+def score_blocks(postings, lo, hi, fine_maxq, f, fstart, fine_block, others, slack, theta, w, cache, norms, base, w0,
+                 acc, live, touched, n_t, shift, mask, fused, tf_bits):
+    """``score_entry`` by fine blocks (``f`` holds ``lo``, ``fstart`` is its first posting), passing over a block
+    whose bound plus ``others`` (the f64 sum of the other terms' bounds in the window), times ``slack``, rounds to
+    no more than ``theta``: no doc of its doc range can enter the top-k, so the partial score such a doc may get
+    from the other terms is never kept either. Returns (touched count, postings passed over)."""
+    nb = norms[U(base):]
+    uw0 = U(w0)
+    n = U(n_t)
+    dead = 0
+    a = lo
+    while a < hi:
+        b = min(fstart + fine_block, hi)
+        q = fine_maxq[f]
+        if np.float32((np.float64(w - w / (F1 + q)) + others) * slack) <= theta:
+            dead += b - a
+        else:
+            n = _score_run(postings, U(a), U(b), w, cache, nb, uw0, acc, live, touched, n, shift, mask, fused,
+                           tf_bits)
+        a = b
+        f += 1
+        fstart += fine_block
+    return np.int64(n), dead
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def scan_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, shift, mask, fused, tf_bits):
     """Add postings ``lo:hi`` to the docs that are still candidates, by a linear scan. Membership is read from
     ``live`` (one byte a doc: the window's 16 KiB stay in L1) rather than from ``acc`` (8 bytes a doc)."""
     nb = norms[U(base):]
@@ -55,12 +110,12 @@ def scan_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, shift, ma
         p = postings[j]
         off = U(p >> shift)
         if live[off - uw0]:
-            acc[off - uw0] += np.float64(_term_score(w, p & mask, cache[U(nb[off])]))
+            acc[off - uw0] += np.float64(_term_score(w, p & mask, cache[_norm(p, nb, off, fused, tf_bits)]))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def probe_entry(postings, lo, hi, fine_last, f, fstart, fine_block, w, cache, norms, base, w0, acc, cands, n_c,
-                shift, mask):
+                shift, mask, fused, tf_bits):
     """Add postings ``lo:hi`` to the candidates (ascending window offsets) by search: for few candidates.
 
     ``f`` is the fine block holding ``lo`` and ``fstart`` its first posting. A candidate's fine block is found by
@@ -100,7 +155,7 @@ def probe_entry(postings, lo, hi, fine_last, f, fstart, fine_block, w, cache, no
         p = postings[first]
         if (p >> shift) == target:
             off = U(target)
-            acc[off - uw0] += np.float64(_term_score(w, p & mask, cache[U(nb[off])]))
+            acc[off - uw0] += np.float64(_term_score(w, p & mask, cache[_norm(p, nb, off, fused, tf_bits)]))
 
 
 def inner_product(queries: np.ndarray, keys: np.ndarray) -> np.ndarray:

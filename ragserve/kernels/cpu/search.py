@@ -9,8 +9,13 @@ above the k-th score so far (the tie rule favours smaller docids), so:
   lift an unseen document above the k-th score, are scored into the window's f64 accumulator; the others only
   update the surviving candidates (by binary search or by a scan of their window's postings), in decreasing
   bound order, candidates being dropped once their partial score plus the remaining bounds cannot win;
+- an essential term's fine blocks whose bound plus the other terms' window bounds cannot beat the k-th score are
+  passed over (block-max skipping at the grain of 128 postings: no doc of theirs can enter);
 - every comparison is made after rounding to f32, as final scores are, with the f64 sums of bounds given a slack
   that covers their rounding.
+Before the first window the threshold is seeded with a score k documents are known to reach
+(``initial_threshold``), so pruning starts at once. Where the backend has fused each doc's length byte into its
+postings (``relevancy.fuse_norms``), ``shift`` skips that byte and no norms are read.
 Reordering the terms needs the f64 sum of the query's term scores to be order-free (``bm25.sum_is_exact``);
 without it every term of a window is added in ascending term-id order (FORMAT.md's canonical order) and only
 whole windows are skipped. Either way the result equals the exhaustive run bit for bit.
@@ -24,8 +29,8 @@ import numpy as np
 from numba import njit
 
 from ragserve.kernels.cpu.hints import LINE, prefetch
-from ragserve.kernels.cpu.relevancy import F1, probe_entry, scan_entry, score_entry
-from ragserve.kernels.cpu.selection import flush_block, key_score, prune_candidates
+from ragserve.kernels.cpu.relevancy import F1, NORM_BITS, probe_entry, scan_entry, score_blocks, score_entry
+from ragserve.kernels.cpu.selection import flush_block, initial_key, key_score, prune_candidates
 
 # Slack on f64 sums of bounds, per query term: 2^-50 = 8 f64 ulps, covering the rounding of summing n bounds in any
 # order (and, without an exact sum, of the scores' own sum), far below one f32 ulp.
@@ -41,7 +46,8 @@ ST_SKIPPED = 5  # of those, skipped whole by their bounds
 ST_SKIPPED_POSTINGS = 6  # postings in skipped windows
 ST_FLUSHED = 7  # documents offered to the top-k
 ST_PUSHES = 8  # of those, inserted
-N_STATS = 9
+ST_DEAD_POSTINGS = 9  # postings of essential terms passed over in fine blocks whose bounds cannot win
+N_STATS = 10
 
 
 @njit(nogil=True, cache=True, error_model="numpy", inline="always")
@@ -62,26 +68,90 @@ def _window_end(postings, fine_maxq, fine_last, pos, pend, f, fend, fstart, fine
     if f == fend:
         return pend, mq
     lo = max(pos, fstart)
+    last = min(fstart + fine_block, pend) - 1  # the block's last posting, at or past w1
+    # Galloping search from lo: a rare term has a posting or two in the window, found within lo's cache line;
+    # a search over the whole block would touch its every line at each window.
+    prev = lo - 1  # postings[prev] < w1 (or prev before lo)
+    step = 1
     a = lo
-    n = min(fstart + fine_block, pend) - lo
-    for j in range(lo, lo + n, LINE // 4):  # the search's loads depend on each other: fetch its lines at once
-        prefetch(postings, j)
-    while n > 1:  # branch-free search of the block's first posting at or past w1 (its last one is)
+    while a < last and (postings[a] >> shift) < w1:
+        prev = a
+        a = min(lo + step, last)
+        step <<= 1
+    n = a - prev  # the first posting at or past w1 is in (prev, a]; postings[a] is one
+    b = prev + 1
+    while n > 1:  # branch-free: which half holds it is unpredictable
         half = n >> 1
-        a = a + half if (postings[a + half] >> shift) < w1 else a
+        b = b + half if (postings[b + half - 1] >> shift) < w1 else b
         n -= half
-    if n == 1 and (postings[a] >> shift) < w1:
-        a += 1
+    a = b
     if a > lo:
         mq = max(mq, fine_maxq[f])
     return a, mq
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
+def initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, norms, cache, term_ids, weights,
+                      default_params, k, block_size, tf_bits, fused, exact_limit):
+    """A score that at least k documents of the shard reach (0.0 if none is known), to prune from the first window.
+
+    A document's score is at least each of its term scores, and each fine block holds a posting whose q is the
+    block's max: so the k-th largest fine-block bound of one term is reached by k distinct documents. A term with
+    fewer than k fine blocks but at most ``exact_limit`` postings gives the k-th largest of its exact scores."""
+    tfb = np.uint32(tf_bits)
+    shift = np.uint32(tf_bits + NORM_BITS) if fused else tfb
+    mask = np.uint32((1 << tf_bits) - 1)
+    best = np.float32(0.0)
+    for i in range(term_ids.size):
+        e0 = term_ptr[term_ids[i]]
+        e1 = term_ptr[term_ids[i] + 1]
+        if e0 == e1:
+            continue
+        n_post = np.int64(0)
+        for e in range(e0, e1):
+            n_post += np.int64(blk_start[e + 1]) - np.int64(blk_start[e])
+        if n_post < k:
+            continue
+        f0 = np.int64(fine_ptr[e0])
+        f1 = np.int64(fine_ptr[e1])
+        if default_params and f1 - f0 >= k and (n_post > exact_limit or f1 - f0 >= 4 * k):
+            qs = fine_maxq[f0:f1].copy()
+        elif n_post <= exact_limit:
+            qs = np.empty(n_post, dtype=np.float32)
+            n = 0
+            for e in range(e0, e1):
+                base = np.int64(blk_id[e]) * block_size
+                for j in range(np.int64(blk_start[e]), np.int64(blk_start[e + 1])):
+                    p = postings[j]
+                    nrm = (p >> tfb) & np.uint32(0xFF) if fused else norms[base + np.int64(p >> shift)]
+                    qs[n] = np.float32(p & mask) * cache[nrm]
+                    n += 1
+        else:
+            continue
+        q = np.partition(qs, qs.size - k)[qs.size - k]
+        w = weights[i]
+        best = max(best, np.float32(w - w / (F1 + q)))
+    return best
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def seed_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, norms, cache, term_ids, weights,
+                   default_params, k, block_size, tf_bits, fused, exact_limit, st):
+    """Start the top-k buffer's threshold at ``initial_threshold`` (``selection.initial_key``) where it is above
+    the current one."""
+    score = initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, norms, cache, term_ids,
+                              weights, default_params, k, block_size, tf_bits, fused, exact_limit)
+    if score > 0.0:
+        key = initial_key(score)
+        if key > st[1]:
+            st[1] = key
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
 def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, fine_ptr, fine_maxq,
                  fine_last, fine_block, norms, cache, term_ids, weights, default_params, exact_sum, prune, k,
-                 block_size, tf_bits, block_lo, block_hi, window, probe_ratio, prefetch_norms, acc, live, touched, cands,
-                 buf, st, stats):
+                 block_size, tf_bits, fused, block_lo, block_hi, window, probe_ratio, prefetch_norms, acc, live,
+                 touched, cands, buf, st, stats):
     """Add one shard's matches to the top-k buffer (``selection.flush_block``: keys ``buf``, state ``st``).
 
     ``window`` (a power of two, at most ``block_size``) is the docs per window, and ``acc``, ``live`` (u8 marks
@@ -91,7 +161,8 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
     every posting is scored (the exhaustive reference)."""
     nq = term_ids.size
     slack = 1.0 + (nq + 1) * SLACK_PER_TERM
-    shift = np.uint32(tf_bits)
+    tfb = np.uint32(tf_bits)
+    shift = np.uint32(tf_bits + NORM_BITS) if fused else tfb
     mask = np.uint32((1 << tf_bits) - 1)
     cur = np.empty(nq, dtype=np.int64)
     end = np.empty(nq, dtype=np.int64)
@@ -190,14 +261,32 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
             to_score = 0
             for j in range(m_ess):
                 to_score += wend[order[j]] - pos[order[j]]
-            if prefetch_norms and to_score * 2 * LINE >= window:
+            if prefetch_norms and not fused and to_score * 2 * LINE >= window:
                 for d in range(base + w0, min(base + w1, norms.size), LINE):
                     prefetch(norms, d)
+            dead = 0
             for j in range(m_ess):
                 i = order[j]
-                n_t = score_entry(postings, pos[i], wend[i], weights[i], cache, norms, base, w0, acc, live, touched,
-                                  n_t, shift, mask)
-            stats[ST_SCORED] += to_score
+                others = 0.0
+                if prune and heap_full and default_params:
+                    for jj in range(n_o):
+                        if order[jj] != i:
+                            others += wb[order[jj]]
+                if prune and heap_full and default_params and np.float32(others * slack) < theta:
+                    # Block-max: this term's fine blocks whose bound cannot lift any doc of theirs above theta.
+                    e = ent[i]
+                    f0 = np.int64(fine_ptr[e])
+                    f = f0 + (pos[i] - np.int64(blk_start[e])) // fine_block
+                    n_t, d = score_blocks(postings, pos[i], wend[i], fine_maxq, f,
+                                          np.int64(blk_start[e]) + (f - f0) * fine_block, fine_block, others, slack,
+                                          theta, weights[i], cache, norms, base, w0, acc, live, touched, n_t, shift,
+                                          mask, fused, tfb)
+                    dead += d
+                else:
+                    n_t = score_entry(postings, pos[i], wend[i], weights[i], cache, norms, base, w0, acc, live,
+                                      touched, n_t, shift, mask, fused, tfb)
+            stats[ST_SCORED] += to_score - dead
+            stats[ST_DEAD_POSTINGS] += dead
             m = m_ess
             stats[ST_CANDIDATES] += n_t
             src = touched
@@ -229,10 +318,11 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
                     f0 = np.int64(fine_ptr[e])
                     f = f0 + (lo - np.int64(blk_start[e])) // fine_block
                     probe_entry(postings, lo, hi, fine_last, f, np.int64(blk_start[e]) + (f - f0) * fine_block,
-                                fine_block, weights[i], cache, norms, base, w0, acc, cands, n_c, shift, mask)
+                                fine_block, weights[i], cache, norms, base, w0, acc, cands, n_c, shift, mask, fused,
+                                tfb)
                     stats[ST_PROBES] += n_c
                 else:
-                    scan_entry(postings, lo, hi, weights[i], cache, norms, base, w0, acc, live, shift, mask)
+                    scan_entry(postings, lo, hi, weights[i], cache, norms, base, w0, acc, live, shift, mask, fused, tfb)
                     stats[ST_SCANNED] += hi - lo
                 m += 1
             for j in range(n_o):

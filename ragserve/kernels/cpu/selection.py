@@ -29,6 +29,15 @@ def key_doc(key):
     return np.int64(LOW32 - (key & LOW32))
 
 
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def initial_key(score):
+    """The threshold key that admits exactly the documents scoring ``score`` or more (any docid): the largest key
+    of the f32 value just below ``score``. The pruning tests (``f32 bound <= key_score``) then drop only bounds
+    strictly below ``score``, so a document tied at ``score`` still enters."""
+    bits = np.uint64(np.float32(score).view(np.uint32))
+    return ((bits - np.uint64(1)) << np.uint64(32)) | LOW32
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def select_top(buf, n, k):
     """Reorder ``buf[:n]`` (distinct keys, n >= k) so that ``buf[:k]`` holds the k largest; returns the k-th
@@ -80,13 +89,15 @@ def flush_block(acc, live, idx, n, base, buf, st, k, stats, st_pushes):
     """Offer a window's accumulated docs (offsets from docid ``base``) to the top-k buffer and zero the
     accumulator and the live marks; counts the docs kept in ``stats[st_pushes]``.
 
-    The buffer (``buf``, 2k keys; ``st`` = [keys held, threshold key]) takes any key above the threshold; when
-    it first holds k keys, and whenever it is full, it is cut back to its k largest and the threshold becomes
-    the k-th largest: appending is O(1) and each cut O(k) per k keys, against O(log k) scattered compares per
-    insertion into a heap, at the price of a threshold that rises by steps."""
+    The buffer (``buf``, 2k keys; ``st`` = [keys held, threshold key, cut yet]) takes any key above the
+    threshold; when it first holds k keys, and whenever it is full, it is cut back to its k largest and the
+    threshold becomes the k-th largest: appending is O(1) and each cut O(k) per k keys, against O(log k)
+    scattered compares per insertion into a heap, at the price of a threshold that rises by steps. The threshold
+    may start above 0 (``initial_key``) when k documents are known to reach it."""
     pushes = 0
     held = st[0]
     thr = st[1]
+    cut = st[2]
     size = np.uint64(buf.size)
     uk = np.uint64(k)
     for i in range(np.uint64(n)):
@@ -98,11 +109,13 @@ def flush_block(acc, live, idx, n, base, buf, st, k, stats, st_pushes):
             buf[held] = key
             held += np.uint64(1)
             pushes += 1
-            if held == size or (held == uk and thr == 0):
+            if held == size or (held == uk and cut == 0):
                 thr = select_top(buf, np.int64(held), k)
                 held = uk
+                cut = np.uint64(1)
     st[0] = held
     st[1] = thr
+    st[2] = cut
     stats[st_pushes] += pushes
 
 
