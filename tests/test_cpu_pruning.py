@@ -172,9 +172,9 @@ def test_topk_buffer_keeps_the_k_best_by_the_tie_rule(seeded):
     """flush_block / topk_sorted against a sort: score descending, then docid ascending, with many equal scores;
     seeded, the threshold starts at the k-th best score itself (``initial_key``): docs tied with it still enter."""
     rng = np.random.default_rng(1)
-    for k in (1, 3, 10, 100):
+    for k in (1, 3, 10, 100, 1000):  # 1000: the radix sort of the kept keys
         windows = []
-        for w in range(40):  # windows of docs in docid order, offered in a shuffled order within each window
+        for w in range(60):  # windows of docs in docid order, offered in a shuffled order within each window
             n = int(rng.integers(0, 60))
             scores = rng.integers(1, 6, n).astype(np.float64) / 4  # few distinct values: ties everywhere
             windows.append((w * 64, scores, rng.permutation(64)[:n].astype(np.int64)))

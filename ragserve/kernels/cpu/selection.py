@@ -69,9 +69,7 @@ def select_top(buf, n, k):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def topk_sorted(buf, st, k):
-    """The kept top-k (docids, f32 scores), best first: score descending, then docid ascending."""
-    n = np.int64(st[0])
+def _topk_small(buf, n, k):
     if n > k:
         select_top(buf, n, k)
         n = k
@@ -81,6 +79,22 @@ def topk_sorted(buf, st, k):
     for j in range(n):
         scores[j] = key_score(keys[n - 1 - j])
         docs[j] = key_doc(keys[n - 1 - j])
+    return docs, scores
+
+
+SMALL_TOPK = 256  # up to this many kept keys one numba call; above, NumPy's sort
+
+
+def topk_sorted(buf: np.ndarray, st: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kept top-k (docids, f32 scores), best first: score descending, then docid ascending. Many keys go to
+    NumPy's sort (SIMD where the CPU has it: 4 us for 1,000 keys here, against 40 us for numba's quickselect and
+    sort); a few to one numba call (NumPy's calls cost more than their work there)."""
+    held = int(st[0])
+    if held <= SMALL_TOPK:
+        return _topk_small(buf, held, k)
+    keys = np.sort(buf[:held])[::-1][:k]
+    scores = (keys >> np.uint64(32)).astype(np.uint32).view(np.float32)
+    docs = (LOW32 - (keys & LOW32)).astype(np.int64)
     return docs, scores
 
 
