@@ -74,8 +74,8 @@ def test_pruned_equals_exhaustive_without_fused_norms_or_seed(hotpot_index):
 
 
 def test_initial_threshold_is_reached_by_k_documents(hotpot_index):
-    """The seeded threshold (k-th largest fine-block bound, or exact score for short lists, of one term) is at most
-    the exhaustive k-th score of every query, and it is known for most of them."""
+    """The seeded threshold (the k-th exact score among the postings of the heaviest term's best fine blocks, or
+    of all its postings) is at most the exhaustive k-th score of every query, and it is known for most of them."""
     from ragserve.kernels.cpu import search as S
 
     s = Searcher(hotpot_index, threads=1)
@@ -89,10 +89,11 @@ def test_initial_threshold_is_reached_by_k_documents(hotpot_index):
         if not len(q):
             continue
         for k in (1, 10, 100):
-            for exact_limit in (0, 1 << 20):  # from the fine blocks only; from exact scores wherever they exist
+            for exact_limit in (0, 1 << 20):  # exact scores of the best blocks; of every posting
                 seed = max(float(S.initial_threshold(
-                    a[0], a[1], a[2], a[3], a[7], a[8], be._norms, cache, q.term_ids.astype(np.int64), q.weights,
-                    default, k, ix.block_size, ix.tf_bits, be._fused, exact_limit)) for a, _, _ in be._shard_args)
+                    a[0], a[1], a[2], a[3], a[7], a[8], be._fine_block, be._norms, cache,
+                    q.term_ids.astype(np.int64), q.weights, default, k, ix.block_size, ix.tf_bits, be._fused,
+                    exact_limit)) for a, _, _ in be._shard_args)
                 top = full.search_terms([q], k, ix.k1, ix.b)[0]
                 if len(top.scores) < k:
                     assert seed == 0.0

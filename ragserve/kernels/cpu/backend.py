@@ -40,8 +40,8 @@ class CpuTuning:
     # Fetch a window's norms as one stream before scoring it (measured: 3-6% off a query after other work; a
     # prefetch of the postings ranges as well gained nothing).
     prefetch_norms: bool = True
-    # Start each query's threshold at a score k documents are known to reach (``search.initial_threshold``);
-    # terms of at most ``seed_exact`` postings give theirs from exact scores.
+    # Start each query's threshold at a score k documents are known to reach (``search.initial_threshold``):
+    # exact scores of a term's postings, all of them up to ``seed_exact``, else of its best fine blocks.
     seed: bool = True
     seed_exact: int = 1024
     # Copy the layout's search arrays into memory on huge pages at open (else read them through the file maps).
@@ -208,9 +208,9 @@ class CpuBackend(Backend):
         try:
             if self.prune and self.tuning.seed:
                 for arrays, _, _ in self._shard_args:
-                    S.seed_threshold(arrays[0], arrays[1], arrays[2], arrays[3], arrays[7], arrays[8], self._norms,
-                                     cache, tids, q.weights, default_params, k, ix.block_size, ix.tf_bits,
-                                     self._fused, self.tuning.seed_exact, st)
+                    S.seed_threshold(arrays[0], arrays[1], arrays[2], arrays[3], arrays[7], arrays[8],
+                                     self._fine_block, self._norms, cache, tids, q.weights, default_params, k,
+                                     ix.block_size, ix.tf_bits, self._fused, self.tuning.seed_exact, st)
             for arrays, b0, b1 in self._shard_args:  # in docid order: the top-k carries the k-th score across shards
                 S.search_shard(*arrays, self._fine_block, self._norms, cache, tids, q.weights, default_params, exact,
                                self.prune, k, ix.block_size, ix.tf_bits, self._fused, b0, b1, self._window,
