@@ -103,7 +103,7 @@ def score_blocks(postings, lo, hi, fine_maxq, f, fstart, fine_block, others, sla
 @njit(nogil=True, cache=True, error_model="numpy")
 def scan_entry(postings, lo, hi, w, cache, norms, base, w0, acc, live, shift, mask, fused, tf_bits):
     """Add postings ``lo:hi`` to the docs that are still candidates, by a linear scan. Membership is read from
-    ``live`` (one byte a doc: the window's 16 KiB stay in L1) rather than from ``acc`` (8 bytes a doc)."""
+    ``live`` (one byte a doc: 32 KiB for a window of 32768 docs, in L1) rather than from ``acc`` (8 bytes a doc)."""
     nb = norms[U(base):]
     uw0 = U(w0)
     for j in range(U(lo), U(hi)):
