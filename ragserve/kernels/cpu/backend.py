@@ -6,6 +6,10 @@ and within a window only the essential terms are scored into a window-sized accu
 the surviving candidates. Reordering terms is used only when the f64 sum of the query's
 term scores is provably order-free (``bm25.sum_is_exact``, nearly always); otherwise terms are added in
 ascending term-id order, the canonical order of ``indexer/FORMAT.md``. Either way the result is exact.
+
+At open the layout's arrays are copied into memory on huge pages, the postings with each doc's length byte fused
+in (``relevancy.fuse_norms``; the files keep the layout's format, which the GPU and FPGA read). Each query's
+threshold starts at a score k documents are known to reach (``search.initial_threshold``).
 """
 from __future__ import annotations
 
