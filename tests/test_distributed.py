@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from indexer.writer import BuildOptions, build_index
-from ragserve.distributed.errors import ShardsUnavailable
+from ragserve.kernels.contract import ShardsUnavailable
 from ragserve.distributed.shards import ShardFilesError, ShardGroup, merge_topk, plan_groups
 from ragserve.kernels.contract import TopK
 from ragserve.retrieval.searcher import Searcher

@@ -75,7 +75,7 @@ def _distributed_searcher(args: argparse.Namespace, opts: dict):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragserve.distributed.errors import ShardsUnavailable
+    from ragserve.kernels.contract import ShardsUnavailable
     from ragserve.kernels.contract import SearchError
     from ragserve.retrieval.searcher import MAX_K
 

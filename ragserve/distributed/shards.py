@@ -29,8 +29,8 @@ from indexer import layout as L
 from indexer.bm25 import QueryTerms
 from indexer.reader import IndexReader, InvalidIndexError
 from ragserve.distributed import connect
-from ragserve.distributed.errors import RayUnavailable, ShardsUnavailable
-from ragserve.kernels.contract import SearchError, StageTimes, TopK
+from ragserve.distributed.errors import RayUnavailable
+from ragserve.kernels.contract import SearchError, ShardsUnavailable, StageTimes, TopK
 from ragserve.kernels.registry import get_backend_class
 from ragserve.retrieval.searcher import MAX_K, Hit, Searcher
 

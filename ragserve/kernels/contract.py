@@ -24,6 +24,16 @@ class SearchError(ValueError):
     """Bad search input (empty query, k out of range, bad k1/b): callers turn it into a 4xx / exit 2."""
 
 
+class ShardsUnavailable(RuntimeError):
+    """Shard groups did not answer (a distributed replica died and is being restarted, or timed out): callers
+    turn it into a 503 / exit 1, or ask for partial results."""
+
+    def __init__(self, missing: list[int], reason: str) -> None:
+        self.missing = sorted(missing)
+        super().__init__(f"shards {', '.join(map(str, self.missing))} are unavailable ({reason}); retry once "
+                         f"their replica is back, or ask for partial results")
+
+
 @dataclass
 class StageTimes:
     """Seconds spent in each stage of the memory pipeline (summed over calls when reused)."""

@@ -4,8 +4,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ragserve.distributed.errors import ShardsUnavailable
-from ragserve.kernels.contract import SearchError, StageTimes
+from ragserve.kernels.contract import SearchError, ShardsUnavailable, StageTimes
 from ragserve.retrieval.queue import Launch, QueueClosed, QueueTimeout
 from ragserve.retrieval.searcher import Hit, Searcher
 from ragserve.server.errors import ApiError, invalid
