@@ -21,6 +21,7 @@ from ragserve.server.metrics import ServerMetrics
 from ragserve.server.search_service import SearchService
 from ragserve.server.validation import DEFAULT_METHOD, answer_request, parse_json_object, search_request
 from ragserve.server.warmup import Warmup, backend_status
+from ragserve.server.workers import WorkerInfo
 from ragserve.server.wsgi import ENDPOINT_KEY, RequestMetrics
 
 if TYPE_CHECKING:  # the answer service imports torch; a search-only server never loads it
@@ -33,12 +34,13 @@ log = logging.getLogger("ragserve.server")
 
 def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers: AnswerService | None = None,
                metrics: ServerMetrics | None = None,
-               search_slots: int = 1, warmup: Warmup | None = None) -> Flask:
+               search_slots: int = 1, warmup: Warmup | None = None, worker: WorkerInfo | None = None) -> Flask:
     """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503.
     ``search_slots``: searches at once on a searcher without its own queue (the Ray ``DistributedSearcher``).
     ``warmup`` (started by the caller): /readyz is 503 until it is done, and searches wait for it (the warm-up
     search holds the backend meanwhile). ``searcher`` is a BM25 ``Searcher`` (local or sharded) or the
-    ``RetrieverSet`` of ``--retriever`` (dense and hybrid too)."""
+    ``RetrieverSet`` of ``--retriever`` (dense and hybrid too). ``worker``: this process among the ``--workers``
+    (/readyz waits for all of them to warm up; responses name the worker that sent them)."""
     if not isinstance(searcher, RetrieverSet):
         searcher = RetrieverSet(searcher)
     app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
@@ -46,10 +48,12 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
     app.json.sort_keys = False
     m = metrics or ServerMetrics()
     search = SearchService(searcher, m, slots=search_slots)
+    worker = worker or WorkerInfo()
     m.info.set(1, version=__version__, backend=searcher.backend_name,
-               model=answers.model_name if answers is not None else "")
+               model=answers.model_name if answers is not None else "", worker=str(worker.id))
     m.docs.set(searcher.index.num_docs)
-    app.wsgi_app = RequestMetrics(app.wsgi_app, m)
+    m.workers.set(worker.count)
+    app.wsgi_app = RequestMetrics(app.wsgi_app, m, worker=str(worker.id) if worker.count > 1 else None)
 
     # -- request bookkeeping ------------------------------------------------------------------
     @app.before_request
@@ -104,9 +108,10 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
     def readyz() -> Response:
         model = answers.status() if answers is not None else {"state": "none"}
         warm = warmup.status() if warmup is not None else {"state": "done"}
-        ready = model["state"] in ("none", "ready") and warm["state"] == "done"
+        warm_workers = worker.warm_count(warm["state"] == "done")
+        ready = model["state"] in ("none", "ready") and warm["state"] == "done" and warm_workers == worker.count
         resp = jsonify(ready=ready, index={"loaded": True, "documents": searcher.index.num_docs}, model=model,
-                       warmup=warm)
+                       warmup=warm, workers={**worker.describe(), "warm": warm_workers})
         resp.status_code = 200 if ready else 503
         return resp
 
@@ -124,6 +129,7 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
             limits={"max_query_chars": config.max_query_chars, "max_batch": config.max_batch, "max_k": config.max_k,
                     "max_body_bytes": config.max_body_bytes, "request_timeout_s": config.request_timeout_s},
             auth=config.api_key is not None,
+            server=worker.describe(),
         )
 
     @app.post("/v1/search")
