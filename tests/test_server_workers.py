@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.serverproc import ServerProcess, run_cli, wait_until
+from tests.serverproc import ServerProcess, run_cli, run_load_test, wait_until
 from tests.test_server_shutdown import read_response, refuses_connections
 
 QUERIES = ["nuclear power plants are safe", "animal testing for medicine", "school uniforms", "tax on sugar",
@@ -72,6 +72,18 @@ def test_concurrent_searches_match_a_sequential_run_and_both_workers_serve(serve
     assert ready["ready"] and ready["workers"]["warm"] == 2
     metrics = requests.get(server.url + "/metrics", timeout=10).text
     assert "ragserve_server_workers 2.0" in metrics
+
+
+def test_load_test_sums_the_queue_metrics_of_every_worker(server):
+    from tests.conftest import shared
+
+    s = run_load_test("--url", server.url, "--queries", str(shared("beir-arguana", "queries.jsonl.gz")),
+                      "--truncate", "2000", "--clients", "8", "--duration", "3", "--k", "10")
+    assert s["exit"] == 0 and s["errors"] == 0 and s["meta"]["workers"] == 2, s
+    level = s["levels"][0]
+    # The cpu backend launches each request on its own: the launches of both workers add up to the requests.
+    assert level["server_queue"]["queries_per_launch"] == 1.0
+    assert 0.75 * level["requests"] <= level["server_queue"]["launches"] <= 1.25 * level["requests"], level
 
 
 def test_sigterm_lets_in_flight_requests_finish_and_stops_every_worker(server):
