@@ -27,6 +27,16 @@ and the mapped queries, /tmp/synth/dpr21m.msmarco.tsv, there already):
       --topics $S/msmarco-passage-queries/topics.msmarco-passage.dev-subset.txt --out /tmp/synth/msmarco.tsv
   python scripts/load_test.py --index /tmp/synth/dpr21m --backend gpu --queries /tmp/synth/msmarco.tsv \\
       --clients 1 8 32 128 --duration 20 --k 10 --out load_gpu_21m.json
+
+Several server processes (``--workers N``: ``ragserve serve --workers``, each worker with its own copy of the
+index on the GPU; check that N copies fit its memory), one query a request and 32 a request; ``--procs 4`` runs
+the clients in 4 processes (default: a quarter of the cores):
+
+  for W in 1 4 8; do for B in 1 32; do
+    python scripts/load_test.py --index /tmp/synth/dpr21m --backend gpu --queries /tmp/synth/msmarco.tsv \\
+        --workers $W --batch $B --procs 4 --clients 1 8 32 128 --duration 10 --warmup 2 --k 10 \\
+        --out load_gpu_21m_w${W}_b${B}.json
+  done; done
 """
 from __future__ import annotations
 

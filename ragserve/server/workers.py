@@ -99,7 +99,9 @@ def run_workers(count: int, sockets: list[socket.socket], worker_main: Callable[
     a ``WorkerFailed`` or any exception from it is reported to the parent), supervise them, return the exit
     status. ``on_listening(event)`` runs once every worker has sent its ``listening`` event. Raises
     ``WorkerFailed`` with the first worker's error (status 2) or a worker's death (status 1)."""
-    if threading.active_count() != 1:  # a forked child would inherit locks held by threads it does not have
+    # A forked child would inherit locks held by threads it does not have. The parent has imported numpy, whose
+    # OpenBLAS pool stops itself around a fork (pthread_atfork); nothing here may start a Python thread.
+    if threading.active_count() != 1:
         raise RuntimeError("run_workers must fork from a single-threaded process")
     flags = mmap.mmap(-1, count)  # shared with the children (MAP_SHARED)
     workers: list[_Worker] = []
