@@ -106,6 +106,15 @@ def test_sigterm_lets_in_flight_requests_finish_and_stops_every_worker(server):
     assert "worker 1 ragserve.server INFO stopped cleanly" in log and "worker 2 ragserve.server INFO stopped cleanly" in log
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_warm_up_exits_0(arguana_index, sig):
+    srv = ServerProcess("--index", str(arguana_index), "--backend", "cpu", "--workers", "2")
+    pids = worker_pids(srv.proc.pid)
+    srv.proc.send_signal(sig)  # right after the listening line: the workers are still warming up
+    assert srv.wait_exit(30) == 0, srv.log()
+    assert not [p for p in pids if alive(p)] and "Traceback" not in srv.log()
+
+
 def test_a_killed_worker_is_reported_and_stops_the_server(arguana_index):
     srv = start(arguana_index)
     first, second = worker_pids(srv.proc.pid)
