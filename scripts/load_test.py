@@ -27,6 +27,16 @@ and the mapped queries, /tmp/synth/dpr21m.msmarco.tsv, there already):
       --topics $S/msmarco-passage-queries/topics.msmarco-passage.dev-subset.txt --out /tmp/synth/msmarco.tsv
   python scripts/load_test.py --index /tmp/synth/dpr21m --backend gpu --queries /tmp/synth/msmarco.tsv \\
       --clients 1 8 32 128 --duration 20 --k 10 --out load_gpu_21m.json
+
+Several server processes (``--workers N``: ``ragserve serve --workers``, each worker with its own copy of the
+index on the GPU; check that N copies fit its memory), one query a request and 32 a request; ``--procs 4`` runs
+the clients in 4 processes (default: a quarter of the cores):
+
+  for W in 1 4 8; do for B in 1 32; do
+    python scripts/load_test.py --index /tmp/synth/dpr21m --backend gpu --queries /tmp/synth/msmarco.tsv \\
+        --workers $W --batch $B --procs 4 --clients 1 8 32 128 --duration 10 --warmup 2 --k 10 \\
+        --out load_gpu_21m_w${W}_b${B}.json
+  done; done
 """
 from __future__ import annotations
 
@@ -53,6 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_CLIENTS = 256
 MAX_DURATION_S = 600.0
 PREWARM_SEARCHES = 20  # sequential searches before the first level: kernel compilation, caches
+MAX_METRICS_TRIES = 200  # /metrics requests to reach every worker of a --workers server
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -120,18 +131,27 @@ QUEUE_SERIES = ("ragserve_search_launch_queries_count", "ragserve_search_launch_
                 "ragserve_search_queue_wait_seconds_count")
 
 
-def queue_counters(url: str, headers: dict) -> dict[str, float]:
-    """The search queue's cumulative counters from ``/metrics`` (empty if the server has none)."""
-    try:
-        text = requests.get(url + "/metrics", headers=headers, timeout=30).text
-    except requests.RequestException:
-        return {}
-    out = {}
-    for name in QUEUE_SERIES:
-        m = re.search(rf"^{name} (\S+)$", text, re.M)
-        if m:
-            out[name] = float(m.group(1))
-    return out
+def queue_counters(url: str, headers: dict, workers: int = 1) -> dict[str, float]:
+    """The search queue's cumulative counters from ``/metrics``, summed over the server's ``workers`` (each
+    keeps its own; a new connection reaches any of them, so ask until each has answered). Empty if the server
+    has none or some worker never answered."""
+    seen: dict[str, dict[str, float]] = {}
+    for _ in range(MAX_METRICS_TRIES if workers > 1 else 1):
+        try:
+            text = requests.get(url + "/metrics", headers=headers, timeout=30).text
+        except requests.RequestException:
+            return {}
+        worker = re.search(r'^ragserve_info\{.*worker="(\d+)"', text, re.M)
+        out = {}
+        for name in QUEUE_SERIES:
+            m = re.search(rf"^{name} (\S+)$", text, re.M)
+            if m:
+                out[name] = float(m.group(1))
+        seen[worker.group(1) if worker else "1"] = out
+        if len(seen) == workers:
+            return {name: sum(w.get(name, 0.0) for w in seen.values()) for name in QUEUE_SERIES
+                    if any(name in w for w in seen.values())}
+    return {}
 
 
 def queue_summary(before: dict, after: dict) -> dict:
@@ -150,7 +170,7 @@ def queue_summary(before: dict, after: dict) -> dict:
 
 # -- one level -----------------------------------------------------------------------------------------------
 def run_level(url: str, endpoint: str, headers: dict, bodies: list[bytes], queries_per_request: int, clients: int,
-              procs: int, warmup: float, duration: float) -> dict:
+              procs: int, warmup: float, duration: float, server_workers: int = 1) -> dict:
     ctx = mp.get_context("spawn")
     procs = max(1, min(procs, clients))
     start, out = ctx.Barrier(procs + 1), ctx.Queue()
@@ -164,9 +184,9 @@ def run_level(url: str, endpoint: str, headers: dict, bodies: list[bytes], queri
         w.start()
     start.wait(120)
     time.sleep(0.05 + warmup)
-    before = queue_counters(url, headers)
+    before = queue_counters(url, headers, server_workers)
     time.sleep(duration)
-    after = queue_counters(url, headers)
+    after = queue_counters(url, headers, server_workers)
     lat, errors = array("d"), {}
     for _ in workers:
         raw, errs = out.get(timeout=duration + 300)
@@ -262,7 +282,8 @@ def table(report: dict) -> str:
                     f"{lv['p50_ms']:>9.2f} {lv['p90_ms']:>9.2f} {lv['p99_ms']:>9.2f} {lv['errors']:>6} "
                     f"{'-' if qpl is None else f'{qpl:.2f}':>8} {'-' if wait is None else f'{wait:.3f}':>8}")
     m = report["meta"]
-    rows.append(f"backend {m['backend']}, {m['index_docs']} docs, {m['endpoint']} k={m['k']} batch={m['batch']}; "
+    rows.append(f"backend {m['backend']}, {m.get('workers', 1)} worker(s), {m['index_docs']} docs, {m['endpoint']} "
+                f"k={m['k']} batch={m['batch']}; "
                 f"clients on {m['cpu']} ({m['cores']} cores), commit {m['commit']}")
     return "\n".join(rows)
 
@@ -276,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="with --index: the generator model (needed for --endpoint answer)")
     p.add_argument("--server-threads", type=int, default=0,
                    help="with --index: HTTP threads of the server (default: the largest client count + 8)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="with --index: server processes (`ragserve serve --workers`, default 1)")
     p.add_argument("--serve-arg", action="append", default=[], help="extra `ragserve serve` argument (repeatable)")
     p.add_argument("--endpoint", choices=("search", "answer"), default="search")
     p.add_argument("--queries", required=True, help="queries or questions: any format ragserve.topics reads")
@@ -303,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     proc, url = None, args.url
     if args.index:
         threads = args.server_threads or max(args.clients) + 8
-        serve_args = ["--index", args.index, "--threads", str(threads),
+        serve_args = ["--index", args.index, "--threads", str(threads), "--workers", str(args.workers),
                       *(["--backend", args.backend] if args.backend else []),
                       *(["--model", args.model] if args.model else []), *args.serve_arg]
         proc, url = start_server(serve_args)
@@ -317,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         headers["Authorization"] = f"Bearer {args.api_key}"
     try:
         info = requests.get(url + "/v1/info", headers=headers, timeout=30).json()
+        workers = info.get("server", {}).get("workers", 1)
         for body in bodies[:PREWARM_SEARCHES] if args.endpoint == "search" else []:
             requests.post(f"{url}/v1/search", data=body, headers=headers, timeout=600)
         procs = args.procs or max(1, (os.cpu_count() or 1) // 4)
@@ -324,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         for clients in args.clients:
             levels.append(run_level(url, args.endpoint, headers, bodies,
                                     args.batch if args.endpoint == "search" else 1, clients, procs,
-                                    args.warmup, args.duration))
+                                    args.warmup, args.duration, workers))
     finally:
         server_rc = None
         if proc is not None:
@@ -332,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             server_rc = proc.wait(120)
     backend = info.get("backend", {})
     report = {"meta": {"url": url, "endpoint": args.endpoint, "backend": backend.get("name"),
-                       "queue": backend.get("queue"), "index_docs": info.get("index", {}).get("manifest", {})
-                       .get("stats", {}).get("num_docs"), "model": (info.get("model") or {}).get("name"),
+                       "queue": backend.get("queue"), "workers": workers,
+                       "index_docs": info.get("index", {}).get("manifest", {}).get("stats", {}).get("num_docs"),
+                       "model": (info.get("model") or {}).get("name"),
                        "k": args.k, "batch": args.batch, "warmup_s": args.warmup, "duration_s": args.duration,
                        "client_procs": procs, **machine(), "argv": sys.argv,
                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},

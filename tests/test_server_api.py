@@ -1,6 +1,7 @@
 """Every endpoint of ``ragserve serve`` and every bad-input case, through a real server process."""
 from __future__ import annotations
 
+import io
 import json
 import random
 import re
@@ -356,3 +357,31 @@ def test_garbage_http_does_not_break_the_server(server):
     status = reply.split(b"\r\n", 1)[0].split(b" ")
     assert status[0].startswith(b"HTTP/1.") and 400 <= int(status[1]) < 500
     assert requests.get(server.url + "/healthz", timeout=10).status_code == 200
+
+
+def test_search_route_answers_as_flask_would(searcher):
+    """POST /v1/search skips flask (``SearchRoute``): its bodies are flask's jsonify bytes, its headers flask's."""
+    from flask import jsonify
+
+    from ragserve.server.app import create_app
+    from ragserve.server.config import ServerConfig
+
+    app = create_app(searcher, ServerConfig(max_body_bytes=4096, api_key="k"))
+    client = app.test_client()
+    auth = {"Authorization": "Bearer k"}
+    r = client.post("/v1/search", json={"query": "nuclear power", "k": 3}, headers=auth)
+    assert r.status_code == 200 and r.headers["Cache-Control"] == "no-store"
+    assert r.headers["Content-Type"] == "application/json"
+    with app.app_context():
+        assert r.data == jsonify(r.get_json()).get_data()  # compact, key order kept, final newline
+    r = client.post("/v1/search", json={"query": "nuclear power"})
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == 'Bearer realm="ragserve"'
+    assert r.get_json()["error"]["field"] == "Authorization"
+    big = json.dumps({"query": "x" * 5000}).encode()
+    r = client.post("/v1/search", data=big, headers={**auth, "Content-Type": "application/json"})
+    assert r.status_code == 413 and r.get_json()["error"]["code"] == "body_too_large"
+    chunked = io.BytesIO(b'{"query": "nuclear power", "k": 2}')  # no Content-Length, as waitress passes chunks
+    r = client.post("/v1/search", input_stream=chunked, headers={**auth, "Content-Type": "application/json"})
+    assert r.status_code == 200 and len(r.get_json()["hits"]) == 2
+    r = client.get("/v1/search", headers=auth)
+    assert r.status_code == 405 and r.headers["Cache-Control"] == "no-store"

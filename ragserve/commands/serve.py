@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -28,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--api-key", metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' (default: ${ENV_API_KEY} if set)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="server processes sharing the port, each with its own index, backend and warm-up "
+                        "(default 1: this process serves); /readyz is ready once all have warmed up")
     p.add_argument("--threads", type=int, default=16,
                    help="HTTP worker threads (default 16); a waiting answer holds one, so keep it above "
                         "--max-pending-answers")
@@ -92,6 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _config(args: argparse.Namespace):
     from ragserve.retrieval.searcher import MAX_K
     from ragserve.server.config import ServerConfig
+    from ragserve.server.workers import MAX_WORKERS
 
     if not 1 <= args.max_k <= MAX_K:
         raise CliError(f"--max-k must be between 1 and {MAX_K}, got {args.max_k}")
@@ -99,6 +104,10 @@ def _config(args: argparse.Namespace):
         # Each queued answer holds an HTTP thread while it waits; searches must still find a free one.
         raise CliError(f"--threads ({args.threads}) must be larger than --max-pending-answers "
                        f"({args.max_pending_answers})")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise CliError(f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}")
+    if args.workers > 1 and args.ray:
+        raise CliError("--workers runs local processes; on Ray use --ray-replicas")
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     if args.search_slots < 0 or args.shutdown_grace < 0:
@@ -116,32 +125,90 @@ def _config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ragserve.server.auth import is_loopback_host
+    from ragserve.server.workers import WorkerInfo
+
+    cfg = _config(args)
+    if cfg.api_key is None and not is_loopback_host(args.host):
+        raise CliError(f"refusing to bind to non-loopback address {args.host!r} without an API key "
+                       f"(pass --api-key or set {ENV_API_KEY})")
+    if args.workers > 1:
+        return _serve_workers(args, cfg)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.ray:
+        _check_startup(args)
+        if args.retriever != "bm25" or args.memory_model:
+            raise CliError("--ray serves BM25 shards: --retriever dense/hybrid and --memory-model run without it")
+        return _serve_on_ray(args, cfg)
+
+    def announce(event: dict) -> None:
+        print(_listening_line(args, event), file=sys.stderr, flush=True)
+
+    return _serve_process(args, cfg, WorkerInfo(), threading.Event(), None, announce)
+
+
+def _listening_line(args: argparse.Namespace, event: dict) -> str:
+    workers = f", {args.workers} workers" if args.workers > 1 else ""
+    return "\n".join(
+        # Tests and scripts read this line to find the port when --port 0 was given.
+        f"ragserve serve: listening on http://{f'[{host}]' if ':' in host else host}:{port} (index {args.index}, "
+        f"backend {event['backend']}, retriever {args.retriever}, model {args.model or 'none'}{workers}); /readyz "
+        f"says when warmed up" for host, port in event["addresses"])
+
+
+def _serve_workers(args: argparse.Namespace, cfg) -> int:
+    """``--workers N``: bind here, fork the workers, supervise them (``ragserve.server.workers``)."""
+    from ragserve.server.runner import bind_sockets
+    from ragserve.server.workers import WorkerFailed, WorkerInfo, run_workers
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(name)s %(levelname)s %(message)s")
+    try:
+        sockets = bind_sockets(args.host, args.port)
+    except OSError as e:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+
+    def worker_main(info: WorkerInfo, stop: threading.Event) -> int:
+        logging.basicConfig(level=logging.INFO, force=True,
+                            format=f"%(asctime)s worker {info.id} %(name)s %(levelname)s %(message)s")
+        try:
+            return _serve_process(args, cfg, info, stop, sockets, lambda event: info.send(event="listening", **event))
+        except CliError as e:
+            raise WorkerFailed(str(e), 2) from None
+
+    try:
+        return run_workers(args.workers, sockets, worker_main, lambda event: print(
+            _listening_line(args, event), file=sys.stderr, flush=True), args.shutdown_grace)
+    except WorkerFailed as e:
+        if e.status == 2:
+            raise CliError(str(e)) from None
+        print(f"ragserve serve: {e}", file=sys.stderr, flush=True)
+        return e.status
+
+
+def _check_startup(args: argparse.Namespace) -> None:
+    """Settings that would only fail later, in the background: refuse to start instead."""
+    _check_attention(args)
+    for model in (args.model, args.reranker, args.memory_model):
+        if model and (problem := model_path_problem(model)):
+            raise CliError(problem)
+
+
+def _serve_process(args: argparse.Namespace, cfg, worker, stop: threading.Event, sockets: list | None,
+                   on_listening) -> int:
+    """Open the index and serve on this process until stopped: the whole server (``--workers 1``) or one worker.
+    ``on_listening({"addresses", "backend"})`` once the sockets accept."""
     from indexer.reader import InvalidIndexError
+    from ragserve.commands.retrieval_options import retrieval_config
     from ragserve.kernels.contract import SearchError
+    from ragserve.retrieval.embedder import EmbedderError
+    from ragserve.retrieval.factory import RetrieverSet
     from ragserve.retrieval.queue import QueueSettings
     from ragserve.server.app import create_app
-    from ragserve.server.auth import is_loopback_host
     from ragserve.server.metrics import ServerMetrics
     from ragserve.server.runner import serve
     from ragserve.server.warmup import Warmup
 
-    cfg = _config(args)
-    _check_attention(args)
-    for model in (args.model, args.reranker, args.memory_model):
-        if model and (problem := model_path_problem(model)):  # refuse to start rather than fail in the background
-            raise CliError(problem)
-    if cfg.api_key is None and not is_loopback_host(args.host):
-        raise CliError(f"refusing to bind to non-loopback address {args.host!r} without an API key "
-                       f"(pass --api-key or set {ENV_API_KEY})")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.ray:
-        if args.retriever != "bm25" or args.memory_model:
-            raise CliError("--ray serves BM25 shards: --retriever dense/hybrid and --memory-model run without it")
-        return _serve_on_ray(args, cfg)
-    from ragserve.commands.retrieval_options import retrieval_config
-    from ragserve.retrieval.embedder import EmbedderError
-    from ragserve.retrieval.factory import RetrieverSet
-
+    _check_startup(args)
     opts = {"xclbin": args.xclbin} if args.xclbin else {}
     check_backend(args.backend)
     try:
@@ -154,23 +221,18 @@ def run(args: argparse.Namespace) -> int:
     metrics = ServerMetrics()
     answers = _answer_service(args, cfg, searcher, metrics) if args.model else None
     warmup = Warmup(searcher, answers)
-    app = create_app(searcher, cfg, answers=answers, metrics=metrics, warmup=warmup)
-    stop = threading.Event()
+    app = create_app(searcher, cfg, answers=answers, metrics=metrics, warmup=warmup, worker=worker)
 
     def announce(addresses: list[tuple[str, int]]) -> None:
-        for host, port in addresses:
-            h = f"[{host}]" if ":" in host else host
-            # Tests and scripts read this line to find the port when --port 0 was given.
-            print(f"ragserve serve: listening on http://{h}:{port} (index {args.index}, backend "
-                  f"{searcher.backend_name}, retriever {args.retriever}, model {args.model or 'none'}); /readyz says "
-                  f"when warmed up", file=sys.stderr, flush=True)
-        warmup.start(on_failure=lambda _error: stop.set())
+        on_listening({"addresses": addresses, "backend": searcher.backend_name})
+        warmup.start(on_failure=lambda _error: stop.set(), on_ready=worker.mark_warm)
 
     try:
         # waitress refuses (plain-text 413) bodies so large they are not worth buffering; smaller ones over
         # the limit reach flask, which answers with the JSON error. send_bytes=1: write each chunk as soon
-        # as the app yields it, so server-sent events are not held back.
+        # as the app yields it, so server-sent events are not held back. A worker's parent relays SIGINT.
         rc = serve(app, args.host, args.port, args.threads, args.shutdown_grace, announce, stop=stop,
+                   sockets=sockets, stop_signals=(signal.SIGTERM,) if sockets else (signal.SIGTERM, signal.SIGINT),
                    max_request_body_size=cfg.max_body_bytes + WAITRESS_BODY_SLACK, send_bytes=1,
                    channel_timeout=300)
     except OSError as e:  # port in use, address not available

@@ -18,9 +18,11 @@ from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
 from ragserve.server.errors import ApiError, invalid
 from ragserve.server.metrics import ServerMetrics
+from ragserve.server.search_route import SearchRoute, body_too_large, unauthorized
 from ragserve.server.search_service import SearchService
 from ragserve.server.validation import DEFAULT_METHOD, answer_request, parse_json_object, search_request
 from ragserve.server.warmup import Warmup, backend_status
+from ragserve.server.workers import WorkerInfo
 from ragserve.server.wsgi import ENDPOINT_KEY, RequestMetrics
 
 if TYPE_CHECKING:  # the answer service imports torch; a search-only server never loads it
@@ -33,12 +35,13 @@ log = logging.getLogger("ragserve.server")
 
 def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers: AnswerService | None = None,
                metrics: ServerMetrics | None = None,
-               search_slots: int = 1, warmup: Warmup | None = None) -> Flask:
+               search_slots: int = 1, warmup: Warmup | None = None, worker: WorkerInfo | None = None) -> Flask:
     """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503.
     ``search_slots``: searches at once on a searcher without its own queue (the Ray ``DistributedSearcher``).
     ``warmup`` (started by the caller): /readyz is 503 until it is done, and searches wait for it (the warm-up
     search holds the backend meanwhile). ``searcher`` is a BM25 ``Searcher`` (local or sharded) or the
-    ``RetrieverSet`` of ``--retriever`` (dense and hybrid too)."""
+    ``RetrieverSet`` of ``--retriever`` (dense and hybrid too). ``worker``: this process among the ``--workers``
+    (/readyz waits for all of them to warm up; responses name the worker that sent them)."""
     if not isinstance(searcher, RetrieverSet):
         searcher = RetrieverSet(searcher)
     app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
@@ -46,10 +49,11 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
     app.json.sort_keys = False
     m = metrics or ServerMetrics()
     search = SearchService(searcher, m, slots=search_slots)
+    worker = worker or WorkerInfo()
     m.info.set(1, version=__version__, backend=searcher.backend_name,
-               model=answers.model_name if answers is not None else "")
+               model=answers.model_name if answers is not None else "", worker=str(worker.id))
     m.docs.set(searcher.index.num_docs)
-    app.wsgi_app = RequestMetrics(app.wsgi_app, m)
+    m.workers.set(worker.count)
 
     # -- request bookkeeping ------------------------------------------------------------------
     @app.before_request
@@ -58,9 +62,7 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
         request.environ[ENDPOINT_KEY] = request.url_rule.rule if request.url_rule is not None else "unmatched"
         if config.api_key and request.endpoint not in OPEN_ENDPOINTS:
             if not bearer_matches(request.headers.get("Authorization"), config.api_key):
-                return ApiError(401, "unauthorized", "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                field="Authorization", headers={"WWW-Authenticate": 'Bearer realm="ragserve"'}
-                                ).response()
+                return unauthorized().response()
         return None
 
     @app.after_request
@@ -75,8 +77,7 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
 
     @app.errorhandler(RequestEntityTooLarge)
     def _too_large(_e: RequestEntityTooLarge) -> Response:
-        return ApiError(413, "body_too_large", f"request body is larger than {config.max_body_bytes} bytes",
-                        field="body").response()
+        return body_too_large(config).response()
 
     @app.errorhandler(HTTPException)
     def _http_error(e: HTTPException) -> Response:
@@ -104,9 +105,10 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
     def readyz() -> Response:
         model = answers.status() if answers is not None else {"state": "none"}
         warm = warmup.status() if warmup is not None else {"state": "done"}
-        ready = model["state"] in ("none", "ready") and warm["state"] == "done"
+        warm_workers = worker.warm_count(warm["state"] == "done")
+        ready = model["state"] in ("none", "ready") and warm["state"] == "done" and warm_workers == worker.count
         resp = jsonify(ready=ready, index={"loaded": True, "documents": searcher.index.num_docs}, model=model,
-                       warmup=warm)
+                       warmup=warm, workers={**worker.describe(), "warm": warm_workers})
         resp.status_code = 200 if ready else 503
         return resp
 
@@ -124,12 +126,13 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
             limits={"max_query_chars": config.max_query_chars, "max_batch": config.max_batch, "max_k": config.max_k,
                     "max_body_bytes": config.max_body_bytes, "request_timeout_s": config.request_timeout_s},
             auth=config.api_key is not None,
+            server=worker.describe(),
         )
 
-    @app.post("/v1/search")
-    def search_endpoint() -> Response:
-        req = search_request(body(), config)
-        if warmup is not None and not warmup.done.wait(max(0.0, g.deadline - time.monotonic())):
+    def search_result(data: dict, deadline: float) -> dict:
+        """POST /v1/search, served by ``SearchRoute`` (flask keeps the rule: 405 for other methods)."""
+        req = search_request(data, config)
+        if warmup is not None and not warmup.done.wait(max(0.0, deadline - time.monotonic())):
             raise ApiError(504, "timeout", "the server was still warming up past the request timeout")
         try:
             chosen = searcher.get(req.retriever)
@@ -140,7 +143,7 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
                                                                  "has none")
         t0 = time.perf_counter()
         missing: set[int] = set()
-        hits, times = search.search(req, g.deadline, missing)
+        hits, times = search.search(req, deadline, missing)
         timing = {**times.to_dict(), "total": time.perf_counter() - t0}
         del timing["apply"]
         results = [{"query": q, "hits": [dict(rank=i + 1, **h.to_dict()) for i, h in enumerate(hs)]}
@@ -149,7 +152,9 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
                   "timing": timing}
         if req.partial:  # the exact top-k of the other shards; empty when every shard answered
             common["missing_shards"] = sorted(missing)
-        return jsonify(**results[0], **common) if not req.batch else jsonify(results=results, **common)
+        return {**results[0], **common} if not req.batch else {"results": results, **common}
+
+    app.add_url_rule("/v1/search", endpoint="search", methods=["POST"])
 
     @app.post("/v1/answer")
     def answer_endpoint() -> Response:
@@ -190,4 +195,6 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
     def favicon() -> Response:
         return send_from_directory(WEB_DIR, "favicon.svg", mimetype="image/svg+xml")
 
+    app.wsgi_app = RequestMetrics(SearchRoute(app.wsgi_app, search_result, config), m,
+                                  worker=str(worker.id) if worker.count > 1 else None)
     return app

@@ -165,8 +165,10 @@ class ServerMetrics:
         self.answer_stage = r.counter("ragserve_answer_stage_seconds_total",
                                       "Seconds of answer traces by stage (retrieval, generation, ...) and method.")
         self.queue = r.gauge("ragserve_generation_queue_depth", "Answers queued or running on the generator.")
-        self.info = r.gauge("ragserve_info", "Constant 1, labelled with the version, backend and model.")
+        self.info = r.gauge("ragserve_info", "Constant 1, labelled with the version, backend, model and worker.")
         self.docs = r.gauge("ragserve_index_documents", "Documents in the loaded index.")
+        self.workers = r.gauge("ragserve_server_workers",
+                               "Server processes (--workers); each keeps its own metrics, labelled by worker.")
 
     def render(self) -> str:
         return self.registry.render()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from typing import Callable, Iterable
 
 from waitress import wasyncore
+from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
 
@@ -50,13 +52,36 @@ def _busy_channels(socket_map: dict) -> int:
                and d.connected and (d.requests or d.total_outbufs_len or d.request is not None))
 
 
+def bind_sockets(host: str, port: int, backlog: int = 1024) -> list[socket.socket]:
+    """Listening sockets for ``host:port`` as waitress itself would bind them (one per address the host resolves
+    to), for worker processes to share. OSError when the port is taken."""
+    socks = []
+    try:
+        for family, socktype, proto, sockaddr in Adjustments(host=host, port=port).listen:
+            s = socket.socket(family, socktype, proto)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind(sockaddr)
+            s.listen(backlog)
+    except OSError:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
 def serve(app: Callable, host: str, port: int, threads: int, grace_s: float,
           on_listening: Callable[[list[tuple[str, int]]], None], stop: threading.Event | None = None,
-          **waitress_options) -> int:
-    """Run until SIGTERM/SIGINT (or ``stop`` is set, e.g. when the model fails to load), then drain. 0 when
-    every in-flight request finished within ``grace_s``."""
+          sockets: list[socket.socket] | None = None,
+          stop_signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT), **waitress_options) -> int:
+    """Run until one of ``stop_signals`` arrives (or ``stop`` is set, e.g. when the model fails to load), then drain.
+    0 when every in-flight request finished within ``grace_s``. ``sockets``: listen on these already bound
+    sockets (a worker process of ``--workers``) instead of binding ``host:port``."""
     counted = InFlight(app)
-    server = create_server(counted, host=host, port=port, threads=threads, ident="ragserve", **waitress_options)
+    where = {"sockets": sockets} if sockets else {"host": host, "port": port}
+    server = create_server(counted, threads=threads, ident="ragserve", **where, **waitress_options)
     socket_map = server.map if hasattr(server, "map") else server._map
     listeners = [d for d in socket_map.values() if isinstance(d, BaseWSGIServer)]
     signals = {"count": 0}
@@ -66,7 +91,7 @@ def serve(app: Callable, host: str, port: int, threads: int, grace_s: float,
         if signals["count"] > 1:
             log.warning("second signal: exiting without waiting for in-flight requests")
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, on_signal) for s in stop_signals}
     try:
         on_listening([(d.effective_host, d.effective_port) for d in listeners])
         stop = stop or threading.Event()

@@ -73,15 +73,17 @@ class Warmup:
         """The server is stopping: what the warm-up raises from now on (a closed queue) is not a failure."""
         self._cancelled.set()
 
-    def start(self, on_failure: Callable[[str], None] | None = None) -> None:
-        self._thread = threading.Thread(target=self._run, args=(on_failure,), name="warmup", daemon=True)
+    def start(self, on_failure: Callable[[str], None] | None = None,
+              on_ready: Callable[[], None] | None = None) -> None:
+        """``on_ready`` runs once the warm-up has succeeded (a worker of ``--workers`` tells the others)."""
+        self._thread = threading.Thread(target=self._run, args=(on_failure, on_ready), name="warmup", daemon=True)
         self._thread.start()
 
     def status(self) -> dict:
         state = "failed" if self.error else "done" if self.done.is_set() else "running"
         return {"state": state, "seconds": dict(self.seconds), **({"error": self.error} if self.error else {})}
 
-    def _run(self, on_failure: Callable[[str], None] | None) -> None:
+    def _run(self, on_failure: Callable[[str], None] | None, on_ready: Callable[[], None] | None) -> None:
         try:
             self._timed("search", self._search)
             if self.answers is not None:
@@ -100,6 +102,8 @@ class Warmup:
             if on_failure is not None:
                 on_failure(self.error)
             return
+        if on_ready is not None and not self._cancelled.is_set():
+            on_ready()
         self._timed("backends", backend_status)
 
     def _timed(self, what: str, fn: Callable[[], object]) -> None:

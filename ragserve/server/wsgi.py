@@ -34,9 +34,11 @@ class RequestMetrics:
     """Counts and times every request at the WSGI layer, until its body is closed (so a stream's latency
     runs to its last event, and static files, which bypass flask's close hooks, are counted too)."""
 
-    def __init__(self, wsgi_app: Callable, metrics: ServerMetrics) -> None:
+    def __init__(self, wsgi_app: Callable, metrics: ServerMetrics, worker: str | None = None) -> None:
+        """``worker``: sent as ``X-Ragserve-Worker`` on every response (several workers share the port)."""
         self.wsgi_app = wsgi_app
         self.metrics = metrics
+        self.worker_header = [("X-Ragserve-Worker", worker)] if worker else []
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         t0 = time.perf_counter()
@@ -46,6 +48,7 @@ class RequestMetrics:
 
         def capture(s: str, headers: list, exc_info=None):
             status[0] = s.split(" ", 1)[0]
+            headers += self.worker_header
             return start_response(s, headers, exc_info) if exc_info else start_response(s, headers)
 
         def record() -> None:
