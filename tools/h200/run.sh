@@ -32,18 +32,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/machine.txt"
 
 case "$N" in
-1)  # the CUDA tests; the 21M synthetic layout; the search paths; the HTTP server under load
-    step 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests
+1)  # the CUDA tests; the 21M synthetic layout (kept in /tmp for call 4); the search paths against the graph
+    step 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests
     ( timeout 150 python3 scripts/gpu_bench_inputs.py /tmp/gbi > /dev/null 2>&1 ) &
     step 150 python3 scripts/synth_layout.py write /tmp/synth/dpr21m --docs 21000000 --workers 16
     wait
-    step 90 python3 scripts/synth_layout.py queries /tmp/synth/dpr21m --reference /tmp/gbi/idx/ref --limit 2000 \
+    step 60 python3 scripts/synth_layout.py queries /tmp/synth/dpr21m --reference /tmp/gbi/idx/ref --limit 2000 \
         --topics $S/msmarco-passage-queries/topics.msmarco-passage.dev-subset.txt --out /tmp/synth/msmarco.tsv
-    step 120 python3 scripts/bench_search_paths.py --index /tmp/synth/dpr21m --queries /tmp/synth/msmarco.tsv \
-        --backend gpu -k 10 --n 300 --out "$OUT/paths_gpu_k10.json"
-    for w in 1 4; do
-      step 150 python3 scripts/load_test.py --index /tmp/synth/dpr21m --backend gpu --queries /tmp/synth/msmarco.tsv \
-          --clients 1 8 32 128 --duration 10 --warmup 2 --k 10 --workers $w --out "$OUT/load_gpu_w$w.json"
+    for k in 10 1000; do
+      step 80 python3 scripts/bench_search_paths.py --index /tmp/synth/dpr21m --queries /tmp/synth/msmarco.tsv \
+          --backend gpu -k $k --n 300 --out "$OUT/paths_gpu_k$k.json"
     done ;;
 2)  # sparse attention: the CUDA tests of the Triton kernels, then one decode step at 32K, 128K and 1M
     # (the tests compile ~100 Triton kernel variants; the bench starts nothing after 330 s and keeps its JSON)
@@ -55,9 +53,14 @@ case "$N" in
     step 300 python3 scripts/bench_dense.py --model "$M" --json "$OUT/bench_dense_h200.json"
     step 240 python3 scripts/memory_needle.py --model "$M" --tokens 1M --device cuda --backend gpu \
         --json "$OUT/memory_needle_1m_h200.json" ;;
-4)  # Ray: 4 GPU-backed shard-group replicas on one GPU against one local gpu backend
-    step 300 python3 scripts/bench_distributed.py --backend gpu --replicas 4 --single 300 --batch-n 1000 \
-        --deadline-s 150 --json "$OUT/distributed_gpu_arguana.json" ;;
+4)  # Ray: 4 GPU-backed shard-group replicas on one GPU against one local gpu backend; then the HTTP server
+    # under load on call 1's 21M index, one server process and four (serve --workers)
+    step 240 python3 scripts/bench_distributed.py --backend gpu --replicas 4 --single 300 --batch-n 1000 \
+        --deadline-s 150 --json "$OUT/distributed_gpu_arguana.json"
+    for w in 1 4; do
+      step 150 python3 scripts/load_test.py --index /tmp/synth/dpr21m --backend gpu --queries /tmp/synth/msmarco.tsv \
+          --workers $w --procs 4 --clients 1 8 32 128 --duration 8 --warmup 2 --k 10 --out "$OUT/load_gpu_w$w.json"
+    done ;;
 *)  echo "phase must be 1-4" >&2; exit 2 ;;
 esac
 echo "== $(date +%T) phase $N done" | tee -a "$LOG"
