@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from ragserve.kernels.gpu.ip_topk import IpTopkTuning, ip_topk, mixed_mm  # noqa: E402
 from ragserve.memory.bank import MemoryBank  # noqa: E402
+from tools.machine import cpu_model  # noqa: E402
 
 T0 = time.time()
 DIM = 384
@@ -45,16 +45,6 @@ DIM = 384
 
 def log(msg: str) -> None:
     print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def size_arg(s: str) -> int:
@@ -366,7 +356,7 @@ def main() -> None:
         faiss = None
         log("faiss is not installed: its rows are skipped")
     report: dict = {
-        "host": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+        "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
                  "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                  "faiss": getattr(faiss, "__version__", None)},
         "command": " ".join(sys.argv),

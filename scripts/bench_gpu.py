@@ -52,6 +52,7 @@ from ragserve.kernels.gpu.triton_kernels import triton  # noqa: E402
 from ragserve.kernels.contract import StageTimes  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from ragserve.topics import read_queries  # noqa: E402
+from tools.machine import cpu_model  # noqa: E402
 
 T0 = time.time()
 
@@ -97,17 +98,6 @@ def memory_rates(device: torch.device, nbytes: int = 4 << 30, reps: int = 10) ->
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return copy, read
-
-
-def cpu_model() -> str:
-    """The host CPU's model name from /proc/cpuinfo (platform's processor string where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 class NaiveScorer:

@@ -24,6 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable from a bare checkout
 
+from tools.machine import cpu_model  # noqa: E402
+
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "hotpotqa-dev500-ircot" / "dev_subsampled.jsonl"
 ALL_METHODS = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")
 STAGES = ("prepare", "relevancy", "retrieval", "apply")
@@ -48,8 +50,8 @@ def build_artefacts(examples, work: Path) -> tuple[Path, Path, Path]:
 
 def environment(device: str) -> dict:
     import torch
-    env = {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or
-           platform.machine(), "cpus": __import__("os").cpu_count(), "generator_device": device}
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_model(),
+           "cpus": __import__("os").cpu_count(), "generator_device": device}
     if device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return env

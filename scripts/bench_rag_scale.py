@@ -58,6 +58,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import numpy as np  # noqa: E402
 
+from tools.machine import cpu_model  # noqa: E402
+
 T0 = time.time()
 DATA = REPO.parent / "shared" / "data"
 DPR_PASSAGES = 21_015_324
@@ -98,13 +100,8 @@ def environment(device: str) -> dict:
     import torch
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "cpu": cpu, "cpus": os.cpu_count(), "device": device, "argv": sys.argv}
+           "cpu": cpu_model(), "cpus": os.cpu_count(), "device": device, "argv": sys.argv}
     try:
         env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                                        timeout=10).stdout.strip() or None

@@ -50,6 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tools.machine import cpu_model  # noqa: E402
 from tools.peers import engines as E  # noqa: E402
 
 ORDER = ["ragserve", "pyserini", "bm25s", "bm25s-ours", "pisa", "tantivy", "rank-bm25"]
@@ -406,7 +407,7 @@ def realistic_main(args: argparse.Namespace) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     corpus, facts = _realistic_corpus(args)
-    res: dict = {"corpus": facts, "machine": {"cpu": _cpu_model(), "cores": E.cpu_count(),
+    res: dict = {"corpus": facts, "machine": {"cpu": cpu_model(), "cores": E.cpu_count(),
                                               "python": platform.python_version(),
                                               "load_at_start": os.getloadavg()},
                  "builds": {}, "missing": {}}
@@ -440,16 +441,6 @@ def realistic_main(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

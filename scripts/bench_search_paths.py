@@ -32,21 +32,15 @@ import argparse
 import io
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+# --code checkouts are put before it later, so ragserve still comes from the one measured
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from tools.machine import cpu_model  # noqa: E402
 
 
 def _commit(code: Path) -> str:
@@ -188,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "index": str(a.index), "queries": str(a.queries), "backend": s.backend_name, "describe": s.backend.describe(),
         "k": k, "n": n, "repeat": a.repeat, "commit": _commit(code), "code": str(code),
-        "host": {"cpu": _cpu_model(), "cpus": os.cpu_count(), "pinned_core": a.core,
+        "host": {"cpu": cpu_model(), "cpus": os.cpu_count(), "pinned_core": a.core,
                  "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in load1]},
         "seconds": round(elapsed, 1), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
         "paths": {}, "components": {},
@@ -204,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     report["searcher_stages_p50_us"] = dict(zip(("prepare", "relevancy", "retrieval"),
                                                 (round(float(x), 1) for x in np.median(stage_us, axis=0))))
 
-    print(f"{report['backend']} backend, k = {k}, {n} queries x {a.repeat}; {_cpu_model()}, "
+    print(f"{report['backend']} backend, k = {k}, {n} queries x {a.repeat}; {cpu_model()}, "
           f"{os.cpu_count()} cpus, load {load0[0]:.1f} -> {load1[0]:.1f}; commit {report['commit']}")
     print(f"{'':14} {'wall p50':>9} {'p99':>9} {'over p50':>9} {'p99':>9} | {'cpu p50':>9} {'p99':>9} "
           f"{'over p50':>9} {'p99':>9}   (us)")

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from indexer.synth import Synthesizer, WIKI_PARAMS, write_corpus
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from indexer.synth import Synthesizer, WIKI_PARAMS, write_corpus  # noqa: E402
+from tools.machine import cpu_model  # noqa: E402
 
 
 def main() -> int:
@@ -22,7 +25,7 @@ def main() -> int:
     ap.add_argument("--dir", help="where to write (default: a temporary directory)")
     args = ap.parse_args()
     Synthesizer(WIKI_PARAMS).chunk(0, 1)  # JIT compile / load the numba cache outside the timing
-    print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+    print(f"host: {cpu_model()}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for suffix in (".jsonl", ".jsonl.gz") if args.gzip else (".jsonl",):

@@ -36,6 +36,7 @@ from ragserve.retrieval.embedder import Embedder  # noqa: E402
 from ragserve.retrieval.hybrid import FusionOptions, HybridSearcher  # noqa: E402
 from ragserve.retrieval.rerank import BiEncoderReranker  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
+from tools.machine import cpu_model  # noqa: E402
 
 DEPTH = 100
 SUPPORT_K = (2, 5, 10, 20)
@@ -44,16 +45,6 @@ BATCH = 64
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def model_dir(args: argparse.Namespace) -> Path:
@@ -180,7 +171,7 @@ def main() -> None:
     t0 = time.perf_counter()
     report = {
         "model": embedder.info.to_dict(),
-        "environment": {"cpu": cpu_name(), "cores": __import__("os").cpu_count(), "torch_threads": torch.get_num_threads(),
+        "environment": {"cpu": cpu_model(), "cores": __import__("os").cpu_count(), "torch_threads": torch.get_num_threads(),
                         "embedding_device": embedder.device, "python": platform.python_version()},
         "command": "python scripts/dense_quality.py",
         "arguana": arguana(args, embedder),

@@ -45,7 +45,6 @@ import http.client
 import json
 import multiprocessing as mp
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -60,6 +59,10 @@ from urllib.parse import urlsplit
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tools.machine import cpu_model  # noqa: E402
+
 MAX_CLIENTS = 256
 MAX_DURATION_S = 600.0
 PREWARM_SEARCHES = 20  # sequential searches before the first level: kernel compilation, caches
@@ -257,18 +260,12 @@ def request_bodies(args: argparse.Namespace) -> list[bytes]:
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                   if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     try:
         commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
                                 text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "commit": commit}
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "commit": commit}
 
 
 def table(report: dict) -> str:
