@@ -194,3 +194,20 @@ def test_topk_buffer_keeps_the_k_best_by_the_tie_rule(seeded):
             assert not acc.any() and not live.any()
         docs, out = topk_sorted(buf, st, k)
         assert [(float(s), int(d)) for s, d in zip(out, docs)] == want
+
+
+def test_compiled_sum_is_exact_agrees_with_bm25():
+    """``search.sum_is_exact`` (run inside the kernel's entry point) decides as ``bm25.sum_is_exact`` does,
+    around its boundary too."""
+    from ragserve.kernels.cpu.search import sum_is_exact as compiled
+
+    rng = np.random.default_rng(3)
+    cases = [(np.zeros(0, np.float32), 0.1), (np.array([5.0], np.float32), 0.0), (np.ones(3, np.float32), 0.0)]
+    for n in (2, 3, 8, 40):
+        for spread in (1.0, 1e2, 1e5, 1e7, 1e9):
+            w = (rng.random(n) * spread + 1e-3).astype(np.float32)
+            cases += [(w, q) for q in (1e-4, 0.05, 0.3, 2.0)]
+    decided = {compiled(w, q) for w, q in cases}
+    assert decided == {True, False}  # both answers are exercised
+    for w, q in cases:
+        assert compiled(w, q) == sum_is_exact(w, q), (w, q)

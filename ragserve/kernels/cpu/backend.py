@@ -28,7 +28,7 @@ from indexer import layout as L
 from indexer.writer import fine_bounds
 from ragserve.kernels.cpu import relevancy as R
 from ragserve.kernels.cpu import search as S
-from ragserve.kernels.cpu.selection import topk_sorted
+from ragserve.kernels.cpu.selection import SMALL_TOPK, topk_sorted
 from indexer.bm25 import QueryTerms
 from ragserve.kernels.contract import Backend, StageTimes, TopK
 
@@ -88,13 +88,24 @@ STAT_NAMES = ("scored", "scanned", "probes", "candidates", "windows", "skipped_w
 
 
 class _Buffers:
-    """Per-thread scratch: one window's accumulator and offset lists."""
+    """Per-thread scratch: one window's accumulator and offset lists, the top-k buffer and state, the counters."""
 
     def __init__(self, window: int) -> None:
         self.acc = np.zeros(window, dtype=np.float64)
         self.live = np.zeros(window, dtype=np.uint8)
         self.touched = np.empty(window, dtype=np.int64)
         self.cands = np.empty(window, dtype=np.int64)
+        self.st = np.zeros(3, dtype=np.uint64)
+        self.stats = np.zeros(S.N_STATS, dtype=np.int64)  # counts accumulate here unless a caller asks for them
+        self.k = 0
+        self.top = np.empty(0, dtype=np.uint64)
+
+    def top_keys(self, k: int) -> np.ndarray:
+        """The top-k buffer for k (2k keys: ``selection.flush_block`` reads k from its size)."""
+        if k != self.k:
+            self.k = k
+            self.top = np.empty(2 * k, dtype=np.uint64)
+        return self.top
 
 
 class CpuBackend(Backend):
@@ -121,10 +132,11 @@ class CpuBackend(Backend):
         self._executor = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         # Materialise the memory maps once: numba kernels take plain arrays.
         self._shards = [(s, self._arrays(s)) for s in index.shards]
-        self._shard_args = [(tuple(a[n] for n in _SHARD_ARRAYS), s.block_start, s.block_end) for s, a in self._shards]
+        self._shard_args = tuple((tuple(a[n] for n in _SHARD_ARRAYS), int(s.block_start), int(s.block_end))
+                                 for s, a in self._shards)
         self._fine_block = index.fine_block or L.DEFAULT_FINE_BLOCK
         self._caches: dict[tuple[float, float], tuple[np.ndarray, bool]] = {}
-        self._min_q: dict[int, float] = {}  # smallest value of each cache, by its id (for sum_is_exact)
+        self._min_q: dict[int, float] = {}  # smallest value of each cache, by its id (for search.sum_is_exact)
 
     def _load(self, a: np.ndarray) -> np.ndarray:
         """A layout array as the kernels read it: copied into memory backed by huge pages when ``resident``, else
@@ -154,12 +166,6 @@ class CpuBackend(Backend):
         return {"backend": self.name, "threads": self.threads, "pruning": self.prune, "window": self._window,
                 "fused_norms": self._fused}
 
-    def _buffers(self) -> _Buffers:
-        try:
-            return self._pool.get_nowait()
-        except queue.Empty:
-            return _Buffers(self._window)
-
     def _params(self, k1: float, b: float) -> tuple[np.ndarray, bool]:
         """The norm cache of (k1, b), and whether they are the layout's (whose fine bounds then apply)."""
         got = self._caches.get((k1, b))
@@ -172,59 +178,56 @@ class CpuBackend(Backend):
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
                      times: StageTimes | None = None) -> list[TopK]:
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if times is not None else 0.0
         cache, default_params = self._params(k1, b)
         if self._executor is not None and len(queries) > 1:
             results = list(self._executor.map(lambda q: self._one(q, k, cache, default_params), queries))
         else:
             results = [self._one(q, k, cache, default_params) for q in queries]
-        if times is not None:  # the call's wall time, split as its queries' scoring and ranking seconds are
-            wall = time.perf_counter() - t0
-            score = sum(r[1] for r in results)
-            rank = sum(r[2] for r in results)
-            share = score / (score + rank) if score + rank > 0 else 1.0
-            times.relevancy += wall * share
-            times.retrieval += wall * (1.0 - share)
-        return [top for top, _, _ in results]
+        if times is None:
+            return [top for top, _ in results]
+        # The call's wall time, split as its queries' scoring (a few kept keys ranked in the same call) and
+        # ranking (NumPy's sort of many kept keys) seconds are.
+        wall = time.perf_counter() - t0
+        rank = sum(r[1] for r in results)
+        share = min(rank / wall, 1.0) if wall > 0 else 0.0
+        times.relevancy += wall * (1.0 - share)
+        times.retrieval += wall * share
+        return [top for top, _ in results]
 
     def search_with_stats(self, q: QueryTerms, k: int, k1: float, b: float) -> tuple[TopK, dict[str, int]]:
         """One query's top-k and the counts of its work (``STAT_NAMES``: postings scored, scanned, ...)."""
         cache, default_params = self._params(k1, b)
         stats = np.zeros(S.N_STATS, dtype=np.int64)
-        top, _, _ = self._one(q, k, cache, default_params, stats)
+        top, _ = self._one(q, k, cache, default_params, stats)
         return top, dict(zip(STAT_NAMES, stats.tolist()))
 
     def _one(self, q: QueryTerms, k: int, cache: np.ndarray, default_params: bool,
-             stats: np.ndarray | None = None) -> tuple[TopK, float, float]:
-        """One query's top-k, with the seconds of its scoring pass (the block heap fused in) and of its ranking."""
-        t0 = time.perf_counter()
-        if stats is None:
-            stats = np.zeros(S.N_STATS, dtype=np.int64)
-        if len(q) == 0:
-            return TopK(np.zeros(0, np.int64), np.zeros(0, np.float32)), 0.0, 0.0
-        top = np.empty(2 * k, dtype=np.uint64)
-        st = np.zeros(3, dtype=np.uint64)
-        tids = q.term_ids.astype(np.int64)
-        min_q = self._min_q.get(id(cache))
-        exact = bm25.sum_is_exact(q.weights, float(cache.min()) if min_q is None else min_q)
-        buf = self._buffers()
-        ix = self.index
+             stats: np.ndarray | None = None) -> tuple[TopK, float]:
+        """One query's top-k (``search.search_query``), with the seconds of its ranking by NumPy (0 when the
+        kernel ranked the kept keys itself)."""
+        if q.term_ids.size == 0:
+            return TopK(np.zeros(0, np.int64), np.zeros(0, np.float32)), 0.0
         try:
-            if self.prune and self.tuning.seed:
-                for arrays, _, _ in self._shard_args:
-                    S.seed_threshold(arrays[0], arrays[1], arrays[2], arrays[3], arrays[7], arrays[8],
-                                     self._fine_block, self._norms, cache, tids, q.weights, default_params, k,
-                                     ix.block_size, ix.tf_bits, self._fused, self.tuning.seed_exact, st)
-            for arrays, b0, b1 in self._shard_args:  # in docid order: the top-k carries the k-th score across shards
-                S.search_shard(*arrays, self._fine_block, self._norms, cache, tids, q.weights, default_params, exact,
-                               self.prune, k, ix.block_size, ix.tf_bits, self._fused, b0, b1, self._window,
-                               self.tuning.probe_ratio, self.tuning.prefetch_norms, buf.acc, buf.live, buf.touched,
-                               buf.cands, top, st, stats)
+            buf = self._pool.get_nowait()
+        except queue.Empty:
+            buf = _Buffers(self._window)
+        try:
+            top = buf.top_keys(k)
+            t = self.tuning
+            ix = self.index
+            docs, scores = S.search_query(
+                self._shard_args, self._fine_block, self._norms, cache, self._min_q[id(cache)], q.term_ids,
+                q.weights, default_params, self.prune, t.seed, t.seed_exact, k, ix.block_size, ix.tf_bits,
+                self._fused, self._window, t.probe_ratio, t.prefetch_norms, buf.acc, buf.live, buf.touched,
+                buf.cands, top, buf.st, buf.stats if stats is None else stats)
+            if docs.size or buf.st[0] <= SMALL_TOPK:
+                return TopK(docs, scores), 0.0
+            t1 = time.perf_counter()
+            docs, scores = topk_sorted(top, buf.st, k)
+            return TopK(docs, scores), time.perf_counter() - t1
         finally:
             self._pool.put(buf)
-        t1 = time.perf_counter()
-        docs, scores = topk_sorted(top, st, k)
-        return TopK(docs, scores), t1 - t0, time.perf_counter() - t1
 
     def close(self) -> None:
         if self._executor is not None:

@@ -25,12 +25,14 @@ The stages it strings together live in ``relevancy`` (term scores into the accum
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
 from ragserve.kernels.cpu.hints import LINE, prefetch
 from ragserve.kernels.cpu.relevancy import F1, NORM_BITS, probe_entry, scan_entry, score_blocks, score_entry
-from ragserve.kernels.cpu.selection import flush_block, initial_key, key_score, prune_candidates
+from ragserve.kernels.cpu.selection import SMALL_TOPK, flush_block, initial_key, key_score, prune_candidates, topk_small
 
 # Slack on f64 sums of bounds, per query term: 2^-50 = 8 f64 ulps, covering the rounding of summing n bounds in any
 # order (and, without an exact sum, of the scores' own sum), far below one f32 ulp.
@@ -352,3 +354,51 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
                 pos[order[j]] = wend[order[j]]
             stats[ST_FLUSHED] += n_c
             flush_block(acc, live, src, n_c, base + w0, buf, st, k, stats, ST_PUSHES)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def sum_is_exact(weights, min_q):
+    """``bm25.sum_is_exact`` compiled (the same f64 operations): called per query inside ``search_query``."""
+    if weights.size <= 1:
+        return True
+    if min_q <= 0.0:
+        return False
+    max_s = np.float64(weights[0])
+    min_w = np.float64(weights[0])
+    for i in range(1, weights.size):
+        max_s = max(max_s, np.float64(weights[i]))
+        min_w = min(min_w, np.float64(weights[i]))
+    min_s = min_w * min_q / (1.0 + min_q) * (1 - 1e-6)
+    if min_s <= 0.0:
+        return False
+    ulp_min = 2.0 ** (math.frexp(min_s)[1] - 24)
+    return weights.size * max_s < 2.0 ** 53 * ulp_min
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def search_query(shards, fine_block, norms, cache, min_q, term_ids, weights, default_params, prune, seed, seed_exact,
+                 k, block_size, tf_bits, fused, window, probe_ratio, prefetch_norms, acc, live, touched, cands, buf,
+                 st, stats):
+    """One query's whole pass in one call (the per-call costs of several are a few percent of a short query):
+    the exactness test, the seeded threshold, ``search_shard`` over ``shards`` in docid order (each shard a tuple
+    of its ``search_shard`` arrays, first and last doc block), and, when at most ``SMALL_TOPK`` keys are kept, their
+    ranking. Returns (docids, f32 scores) best first, or two empty arrays with more keys kept (``st[0]``: the
+    caller ranks ``buf[:st[0]]``). ``buf`` holds 2k keys; ``st`` is reset here."""
+    st[0] = 0
+    st[1] = 0
+    st[2] = 0
+    exact = sum_is_exact(weights, min_q)
+    tids = term_ids.astype(np.int64)
+    if prune and seed:
+        for sh in shards:
+            a = sh[0]
+            seed_threshold(a[0], a[1], a[2], a[3], a[7], a[8], fine_block, norms, cache, tids, weights,
+                           default_params, k, block_size, tf_bits, fused, seed_exact, st)
+    for sh in shards:  # in docid order: the top-k carries the k-th score across shards
+        a = sh[0]
+        search_shard(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], fine_block, norms, cache, tids,
+                     weights, default_params, exact, prune, k, block_size, tf_bits, fused, sh[1], sh[2], window,
+                     probe_ratio, prefetch_norms, acc, live, touched, cands, buf, st, stats)
+    if st[0] > SMALL_TOPK:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    return topk_small(buf, np.int64(st[0]), k)

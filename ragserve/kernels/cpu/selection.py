@@ -69,7 +69,8 @@ def select_top(buf, n, k):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _topk_small(buf, n, k):
+def topk_small(buf, n, k):
+    """The k best of ``buf[:n]`` (keys), ranked: (docids, f32 scores) best first."""
     if n > k:
         select_top(buf, n, k)
         n = k
@@ -91,7 +92,7 @@ def topk_sorted(buf: np.ndarray, st: np.ndarray, k: int) -> tuple[np.ndarray, np
     sort); a few to one numba call (NumPy's calls cost more than their work there)."""
     held = int(st[0])
     if held <= SMALL_TOPK:
-        return _topk_small(buf, held, k)
+        return topk_small(buf, held, k)
     keys = np.sort(buf[:held])[::-1][:k]
     scores = (keys >> np.uint64(32)).astype(np.uint32).view(np.float32)
     docs = (LOW32 - (keys & LOW32)).astype(np.int64)
