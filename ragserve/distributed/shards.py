@@ -116,6 +116,7 @@ class ShardGroup:
         # within the first request's deadline.
         probe = QueryTerms(np.zeros(1, np.uint32), np.ones(1, np.float32), np.ones(1, np.float32))
         self.backend.search_terms([probe], 1, reader.k1, reader.b)
+        self.backend.search_terms([probe, probe], 1, reader.k1, reader.b)  # a batch takes the multi-query path
         self.loaded_at = time.time()
 
     def search(self, queries: list[QueryTerms], k: int, k1: float, b: float) -> tuple[list[TopK], StageTimes]:
