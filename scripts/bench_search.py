@@ -34,7 +34,7 @@ queried with held-out real questions (NQ-open test, MS MARCO dev), at k = 10, 10
 Peers missing here are reported, not installed (``tools/peers/install_peers.sh`` installs PISA and tantivy apart).
 
     RAGSERVE_PEERS_SITE=/tmp/peers .venv/bin/python scripts/bench_search.py --realistic 1000000 \\
-        --json benchmarks/search_realistic.json
+        --json benchmarks/raw/search/realistic_1m.json
 """
 from __future__ import annotations
 
