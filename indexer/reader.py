@@ -1,7 +1,6 @@
 """Reference reader of the index layout: memory-maps every array named in ``FORMAT.md``."""
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ import numpy as np
 
 from indexer import layout as L
 from indexer.analyzer import Analyzer
+from indexer.files import sha256_file
 
 
 class InvalidIndexError(Exception):
@@ -103,11 +103,7 @@ class IndexReader:
     def verify(self) -> None:
         """Recompute every file's SHA-256 against the manifest."""
         for name, meta in self.manifest["files"].items():
-            h = hashlib.sha256()
-            with open(self.path / name, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            if h.hexdigest() != meta["sha256"]:
+            if sha256_file(self.path / name) != meta["sha256"]:
                 raise InvalidIndexError(f"{self.path}: checksum mismatch in {name}; the index is corrupt")
 
     # -- vocabulary -------------------------------------------------------------------------

@@ -9,7 +9,6 @@ Everything is written under a temporary directory that is renamed into place onl
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -31,6 +30,7 @@ from tqdm import tqdm
 from indexer import layout as L
 from indexer.analyzer import Analyzer, AnalyzerConfig
 from indexer.fasttok import TokenTable
+from indexer.files import sha256_file, write_dir_atomically
 from indexer.norms import LENGTH_TABLE, encode_lengths
 
 CHUNK_DOCS = 1000  # documents per analysis task: large enough to amortise inter-process transfer
@@ -483,24 +483,7 @@ def _build_into(out_dir: str | Path, opts: BuildOptions, build: Callable[[Path],
     out = Path(out_dir)
     if out.exists() and not opts.overwrite:
         raise BuildError(f"{out} already exists (pass --overwrite to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        manifest = build(tmp)
-        if out.exists():
-            trash = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(trash)
-            tmp.rename(out)
-            shutil.rmtree(trash)
-        else:
-            tmp.rename(out)
-        return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return write_dir_atomically(out, build)
 
 
 def _analyse_local(documents: Iterable, analyzer: Analyzer, workers: int) -> Iterator[tuple]:
@@ -687,7 +670,7 @@ class _Checksums:
         self._pool.shutdown(cancel_futures=True)
 
     def add(self, path: Path) -> None:
-        self._sums[path] = self._pool.submit(_sha256, path)
+        self._sums[path] = self._pool.submit(sha256_file, path)
 
     def record(self, path: Path, sha256: str) -> None:
         """A file written and hashed elsewhere (``write_shard_job``)."""
@@ -706,7 +689,7 @@ class _Checksums:
         files = {}
         for p in sorted(self.root.rglob("*")):
             if p.is_file():
-                sha = sums[p] if p in sums else _sha256(p)
+                sha = sums[p] if p in sums else sha256_file(p)
                 files[str(p.relative_to(self.root))] = {"bytes": p.stat().st_size, "sha256": sha}
         return files
 
@@ -911,15 +894,7 @@ def fine_bounds(postings, blk_id, blk_start, norms, cache, tf_bits, block_size, 
 
 def _write_and_hash(path: Path, a: np.ndarray) -> str:
     a.astype(a.dtype.newbyteorder("<"), copy=False).tofile(path)
-    return _sha256(path)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def _builder_version() -> str:

