@@ -16,9 +16,9 @@ from ragserve.retrieval.factory import RetrieverSet
 from ragserve.retrieval.searcher import Searcher
 from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
-from ragserve.server.errors import ApiError, invalid
+from ragserve.server.errors import ApiError, body_too_large, invalid, unauthorized
 from ragserve.server.metrics import ServerMetrics
-from ragserve.server.search_route import SearchRoute, body_too_large, unauthorized
+from ragserve.server.search_route import SearchRoute
 from ragserve.server.search_service import SearchService
 from ragserve.server.validation import DEFAULT_METHOD, answer_request, parse_json_object, search_request
 from ragserve.server.warmup import Warmup, backend_status

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from flask import Response, jsonify
 
+from ragserve.server.config import ServerConfig
+
 
 class ApiError(Exception):
     """An error the client should see; ``field`` names the offending request field when there is one."""
@@ -32,3 +34,12 @@ class ApiError(Exception):
 
 def invalid(field: str, message: str) -> ApiError:
     return ApiError(400, "invalid_field", message, field=field)
+
+
+def unauthorized() -> ApiError:
+    return ApiError(401, "unauthorized", "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                    field="Authorization", headers={"WWW-Authenticate": 'Bearer realm="ragserve"'})
+
+
+def body_too_large(config: ServerConfig) -> ApiError:
+    return ApiError(413, "body_too_large", f"request body is larger than {config.max_body_bytes} bytes", field="body")

@@ -18,21 +18,12 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
-from ragserve.server.errors import ApiError
+from ragserve.server.errors import ApiError, body_too_large, unauthorized
 from ragserve.server.validation import parse_json_object
 from ragserve.server.wsgi import ENDPOINT_KEY
 
 PATH = "/v1/search"
 log = logging.getLogger("ragserve.server")
-
-
-def unauthorized() -> ApiError:
-    return ApiError(401, "unauthorized", "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                    field="Authorization", headers={"WWW-Authenticate": 'Bearer realm="ragserve"'})
-
-
-def body_too_large(config: ServerConfig) -> ApiError:
-    return ApiError(413, "body_too_large", f"request body is larger than {config.max_body_bytes} bytes", field="body")
 
 
 class SearchRoute:
