@@ -34,7 +34,8 @@ from ragserve.kernels.contract import TopK
 from ragserve.kernels.gpu import cuda_kernels as CK
 from ragserve.kernels.gpu.relevancy import TileScorer
 from ragserve.kernels.gpu.settings import GpuSettings
-from ragserve.kernels.gpu.triton_kernels import _collect_kernel, triton
+# The module, not its kernels: they exist only where Triton imports (torch's CPU wheel ships without it).
+from ragserve.kernels.gpu import triton_kernels as TK
 
 TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
 GROUP = 32
@@ -145,8 +146,8 @@ class TileSelector:
             if sc.n_tiles > k:
                 thr = torch.topk(sc.tile_maxima[:rows], k, dim=1, sorted=False).values.amin(dim=1)
             found[:1].zero_()
-            grid = (triton.cdiv(sc.n_groups, CK.COLLECT_GROUPS), rows)
-            _collect_kernel[grid](sc.scores, sc.maxima, sc.tile_maxima, thr, TINY, sc.num_docs, sc.n_groups,
+            grid = (TK.triton.cdiv(sc.n_groups, CK.COLLECT_GROUPS), rows)
+            TK._collect_kernel[grid](sc.scores, sc.maxima, sc.tile_maxima, thr, TINY, sc.num_docs, sc.n_groups,
                                   sc.n_tiles, found, capacity, NGB=CK.COLLECT_GROUPS, SUB=self.settings.collect_sub,
                                   GROUP_=sc.group, TILE=sc.tile)
         sc.cleared()
