@@ -59,6 +59,28 @@ def build_tiny_cross_encoder(out_dir: str | Path, texts: Iterable[str], vocab_si
     return _save_random(BertForSequenceClassification, cfg, tok, out_dir, seed)
 
 
+def build_tiny_sentence_encoder(out_dir: str | Path, texts: Iterable[str], vocab_size: int = 2000, hidden: int = 32,
+                                layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
+    """Save a random BERT as a sentence-transformers directory (mean pooling, then normalisation): ``hidden``
+    dimensions, few enough for the FPGA kernel's 256 lanes."""
+    import json
+
+    from transformers import BertConfig, BertModel
+
+    tok = train_tokenizer(texts, vocab_size, pair_template=True)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=2 * hidden, max_position_embeddings=512, pad_token_id=tok.pad_token_id)
+    out = _save_random(BertModel, cfg, tok, out_dir, seed)
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": hidden,
+                                                               "pooling_mode_mean_tokens": True}))
+    return out
+
+
 def _save_random(model_cls, cfg, tok, out_dir: str | Path, seed: int) -> Path:
     """A randomly initialised ``model_cls(cfg)`` and its tokenizer, saved for ``from_pretrained``."""
     import torch

@@ -107,6 +107,31 @@ class MemoryBank:
         self.count += v.shape[0]
         return evicted
 
+    def remove(self, ids) -> list[int]:
+        """Drop the entries held under ``ids``; returns those found, oldest first. The rest move to slots 0..
+        in age order, so the bank afterwards (its recall, ties, the next eviction) is the one that inserting the
+        remaining entries oldest first into an empty bank builds; ``remove([])`` only does that reordering."""
+        n = len(self)
+        if n == 0:
+            return []
+        order = (self.count - n + np.arange(n)) % self.capacity  # slots, oldest entry first
+        gone = np.isin(self.ids[order], np.asarray(ids, dtype=np.int64).reshape(-1))
+        keep = order[~gone]
+        m = keep.size
+        if self.backend != "gpu":
+            self.keys[:m] = self.keys[keep]
+            self.keys[m:n] = 0
+        else:
+            import torch
+
+            self.keys[:m] = self.keys[torch.from_numpy(keep).to(self.device)]
+            self.keys[m:n] = 0
+        removed = [int(i) for i in self.ids[order[gone]]]
+        self.ids[:m] = self.ids[keep]
+        self.ids[m:n] = -1
+        self.count = m
+        return removed
+
     def recall(self, queries: np.ndarray, k: int) -> list[Recall]:
         """Top-k entries of each query by inner product (fewer while the bank holds fewer), best first."""
         q = self._check(queries, "the queries")
