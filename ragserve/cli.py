@@ -9,7 +9,7 @@ from typing import NoReturn
 
 # Order is the order of `ragserve --help`.
 COMMAND_MODULES = ["index", "index_dense", "search", "info", "eval_run", "serve", "eval", "corpus", "attention",
-                   "models"]
+                   "models", "memory"]
 
 
 class CliError(Exception):

@@ -67,6 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     from ragserve.commands.retrieval_options import add_retriever_args
 
     add_retriever_args(p, rerank=False)
+    mem = p.add_argument_group("memory bank (/v1/memory)")
+    mem.add_argument("--memory", metavar="DIR",
+                     help="serve this persisted memory bank at /v1/memory (ragserve memory ...); a new DIR is made "
+                          "with --memory-model and --memory-capacity; --memory-backend runs its recall")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-query-chars", type=int, default=2000, help="longest query or question (default 2000)")
     lim.add_argument("--max-batch", type=int, default=64, help="most queries in one search batch (default 64)")
@@ -108,6 +112,8 @@ def _config(args: argparse.Namespace):
         raise CliError(f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}")
     if args.workers > 1 and args.ray:
         raise CliError("--workers runs local processes; on Ray use --ray-replicas")
+    if args.memory and (args.workers > 1 or args.ray):
+        raise CliError("--memory is held by one process: it runs without --workers and --ray")
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     if args.search_slots < 0 or args.shutdown_grace < 0:
@@ -218,10 +224,21 @@ def _serve_process(args: argparse.Namespace, cfg, worker, stop: threading.Event,
         searcher = RetrieverSet.open(args.index, retrieval_config(args, {**opts, "queue": queue}))
     except (InvalidIndexError, SearchError, EmbedderError, RuntimeError) as e:
         raise CliError(str(e)) from e
+    try:
+        memory = _memory_store(args) if args.memory else None
+    except BaseException:
+        searcher.close()
+        raise
     metrics = ServerMetrics()
-    answers = _answer_service(args, cfg, searcher, metrics) if args.model else None
+    try:
+        answers = _answer_service(args, cfg, searcher, metrics) if args.model else None
+    except BaseException:
+        searcher.close()
+        if memory is not None:
+            memory.close()
+        raise
     warmup = Warmup(searcher, answers)
-    app = create_app(searcher, cfg, answers=answers, metrics=metrics, warmup=warmup, worker=worker)
+    app = create_app(searcher, cfg, answers=answers, metrics=metrics, warmup=warmup, worker=worker, memory=memory)
 
     def announce(addresses: list[tuple[str, int]]) -> None:
         on_listening({"addresses": addresses, "backend": searcher.backend_name})
@@ -241,10 +258,35 @@ def _serve_process(args: argparse.Namespace, cfg, worker, stop: threading.Event,
         warmup.cancel()
         if answers is not None:
             answers.close()
+        if memory is not None:
+            memory.close()
         searcher.close()
     if warmup.error:
         raise CliError(warmup.error)
     return rc
+
+
+def _memory_store(args: argparse.Namespace):
+    """The persisted memory bank of --memory, its encoder loaded now (a bad one fails the start, not a request)."""
+    from pathlib import Path
+
+    from ragserve.memory.store import SETTINGS, MemoryStore, MemoryStoreError
+    from ragserve.retrieval.embedder import EmbedderError
+
+    new = not (Path(args.memory) / SETTINGS).is_file()
+    if new and not args.memory_model:
+        raise CliError(f"--memory {args.memory} is a new memory bank: give its sentence encoder with --memory-model")
+    try:
+        store = MemoryStore(args.memory, args.memory_model, backend=args.memory_backend,
+                            capacity=args.memory_capacity if new else None, embed_device=args.embed_device)
+    except (MemoryStoreError, EmbedderError) as e:
+        raise CliError(str(e)) from None
+    try:
+        store.embedder  # noqa: B018 - loaded (and checked against the bank) before the port opens
+    except EmbedderError as e:
+        store.close()
+        raise CliError(str(e)) from None
+    return store
 
 
 def _serve_on_ray(args: argparse.Namespace, cfg) -> int:

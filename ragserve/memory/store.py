@@ -105,20 +105,22 @@ class MemoryStore:
         if not exists:
             if not create:
                 raise MemoryStoreError(f"{self.path} is not a memory bank (no {SETTINGS})")
-            if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            if self.path.exists() and (not self.path.is_dir() or {p.name for p in self.path.iterdir()} - {LOCK}):
                 raise MemoryStoreError(f"{self.path} exists and is not a memory bank; give a new or empty directory")
             if model is None and embedder is None:
                 raise MemoryStoreError(f"{self.path} is a new memory bank: give the sentence encoder that makes "
                                        f"its embeddings (a model directory)")
         self._lock_fd = self._take_lock()
         try:
-            self.embedder = embedder if embedder is not None else self._load_encoder(model, embed_device)
+            self._embedder, self._model, self._embed_device = embedder, model, embed_device
+            self._checked = False  # the encoder checked against the bank's settings
             if exists:
                 self.settings = self._read_settings(settings_file)
-                self.embedder.check_same_model(self.settings["encoder"], f"the memory bank {self.path}")
                 if capacity is not None and capacity != self.settings["capacity"]:
                     raise MemoryStoreError(f"the memory bank {self.path} holds {self.settings['capacity']} entries; "
                                            f"its capacity is fixed when it is made (asked for {capacity})")
+                if embedder is not None or model is not None:  # one given: check it now
+                    self.embedder  # noqa: B018
             else:
                 self.settings = self._write_settings(capacity or DEFAULT_CAPACITY)
             self.dim, self.capacity, self.backend = self.settings["dim"], self.settings["capacity"], backend
@@ -158,12 +160,18 @@ class MemoryStore:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
 
-    def _load_encoder(self, model: str | Path | None, device: str):
-        from ragserve.retrieval.embedder import Embedder
+    @property
+    def embedder(self):
+        """The sentence encoder, loaded on first use (listing and deleting never need it), checked to be the
+        one the bank was made with."""
+        if self._embedder is None:
+            from ragserve.retrieval.embedder import Embedder
 
-        if model is None:  # the encoder the bank was made with
-            model = self._read_settings(self.path / SETTINGS)["encoder"]["path"]
-        return Embedder(model, device=device)
+            self._embedder = Embedder(self._model or self.settings["encoder"]["path"], device=self._embed_device)
+        if not self._checked:
+            self._embedder.check_same_model(self.settings["encoder"], f"the memory bank {self.path}")
+            self._checked = True
+        return self._embedder
 
     def _read_settings(self, f: Path) -> dict:
         try:
@@ -178,7 +186,11 @@ class MemoryStore:
     def _write_settings(self, capacity: int) -> dict:
         if capacity < 1:
             raise MemoryStoreError(f"a memory bank's capacity must be at least 1, got {capacity}")
-        s = {"format": FORMAT, "dim": self.embedder.dim, "capacity": capacity, "encoder": self.embedder.info.to_dict(),
+        if self._embedder is None:
+            from ragserve.retrieval.embedder import Embedder
+
+            self._embedder = Embedder(self._model, device=self._embed_device)
+        s = {"format": FORMAT, "dim": self._embedder.dim, "capacity": capacity, "encoder": self._embedder.info.to_dict(),
              "created": time.time()}
         tmp = self.path / (SETTINGS + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:

@@ -17,6 +17,7 @@ from ragserve.retrieval.searcher import Searcher
 from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
 from ragserve.server.errors import ApiError, body_too_large, invalid, unauthorized
+from ragserve.server.memory_api import register_memory
 from ragserve.server.metrics import ServerMetrics
 from ragserve.server.search_route import SearchRoute
 from ragserve.server.search_service import SearchService
@@ -26,6 +27,7 @@ from ragserve.server.workers import WorkerInfo
 from ragserve.server.wsgi import ENDPOINT_KEY, RequestMetrics
 
 if TYPE_CHECKING:  # the answer service imports torch; a search-only server never loads it
+    from ragserve.memory.store import MemoryStore
     from ragserve.server.answering import AnswerService
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -35,13 +37,15 @@ log = logging.getLogger("ragserve.server")
 
 def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers: AnswerService | None = None,
                metrics: ServerMetrics | None = None,
-               search_slots: int = 1, warmup: Warmup | None = None, worker: WorkerInfo | None = None) -> Flask:
+               search_slots: int = 1, warmup: Warmup | None = None, worker: WorkerInfo | None = None,
+               memory: MemoryStore | None = None) -> Flask:
     """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503.
     ``search_slots``: searches at once on a searcher without its own queue (the Ray ``DistributedSearcher``).
     ``warmup`` (started by the caller): /readyz is 503 until it is done, and searches wait for it (the warm-up
     search holds the backend meanwhile). ``searcher`` is a BM25 ``Searcher`` (local or sharded) or the
     ``RetrieverSet`` of ``--retriever`` (dense and hybrid too). ``worker``: this process among the ``--workers``
-    (/readyz waits for all of them to warm up; responses name the worker that sent them)."""
+    (/readyz waits for all of them to warm up; responses name the worker that sent them). ``memory``: the persisted
+    memory bank of /v1/memory (``--memory``); None: those endpoints say so with 503."""
     if not isinstance(searcher, RetrieverSet):
         searcher = RetrieverSet(searcher)
     app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
@@ -126,6 +130,7 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
             limits={"max_query_chars": config.max_query_chars, "max_batch": config.max_batch, "max_k": config.max_k,
                     "max_body_bytes": config.max_body_bytes, "request_timeout_s": config.request_timeout_s},
             auth=config.api_key is not None,
+            memory=memory.describe() if memory is not None else None,
             server=worker.describe(),
         )
 
@@ -155,6 +160,7 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
         return {**results[0], **common} if not req.batch else {"results": results, **common}
 
     app.add_url_rule("/v1/search", endpoint="search", methods=["POST"])
+    register_memory(app, memory, config)
 
     @app.post("/v1/answer")
     def answer_endpoint() -> Response:

@@ -1,0 +1,259 @@
+"""The persisted memory bank: the append-only log (torn tails cut, never half applied), ``MemoryBank.remove``,
+``MemoryStore`` (add, search, list, delete, reopen: the same hits; eviction; compaction; the lock) and a writer
+killed with SIGKILL mid-burst, several times, losing no acknowledged add and leaving no add half there."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from indexer.wal import MAGIC, AppendLog, LogError
+from ragserve.memory import store as store_mod
+from ragserve.memory.bank import MemoryBank
+from ragserve.memory.store import LOG, MemoryStore, MemoryStoreError
+from tests.conftest import REPO
+
+TEXTS = ["The violet heron nests on the roof of the old mill.", "Tides are caused by the gravity of the moon.",
+         "The mill was built in 1820 by the river.", "Copper conducts heat and electricity well.",
+         "The orchestra tuned to the oboe before the concert.", "Glaciers carve U-shaped valleys over millennia.",
+         "A heron stood in the shallow water, waiting for fish.", "The moon's pull raises the sea twice a day."]
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    """A random 32-dimensional sentence encoder: fast to load, and narrow enough for the fpga-sim kernel."""
+    from tools.tiny_models import build_tiny_sentence_encoder
+
+    return build_tiny_sentence_encoder(tmp_path_factory.mktemp("enc") / "tiny-encoder", TEXTS * 20)
+
+
+@pytest.fixture(scope="module")
+def tiny_embedder(tiny_encoder):
+    from ragserve.retrieval.embedder import Embedder
+
+    return Embedder(tiny_encoder, device="cpu")
+
+
+def hits(store: MemoryStore, query: str, k: int = 5) -> list[tuple[int, float]]:
+    return [(h.entry.id, h.score) for h in store.search(query, k)]
+
+
+# -- the log ------------------------------------------------------------------------------------------------
+def write_log(path, payloads) -> AppendLog:
+    log = AppendLog(path)
+    assert list(log.replay()) == []
+    for p in payloads:
+        log.append(p)
+    log.close()
+    return log
+
+
+def test_log_torn_tail_is_cut_at_every_offset_and_never_half_applied(tmp_path):
+    path = tmp_path / "x.log"
+    payloads = [b"first", bytes(range(256)) * 3, b"", b"the last record, torn at each byte"]
+    write_log(path, payloads)
+    whole = path.read_bytes()
+    last_start = len(whole) - (8 + len(payloads[-1]))
+    for cut in range(last_start, len(whole)):  # a crash at every byte of the last record's write
+        path.write_bytes(whole[:cut])
+        log = AppendLog(path)
+        assert list(log.replay()) == payloads[:-1]
+        assert log.dropped_bytes == cut - last_start and path.stat().st_size == last_start
+        log.append(b"after")  # the next record follows the last whole one
+        log.close()
+        log = AppendLog(path)
+        assert list(log.replay()) == [*payloads[:-1], b"after"] and log.dropped_bytes == 0
+        log.close()
+    for pos in (last_start + 2, last_start + 5, len(whole) - 1):  # a bad length or checksum: torn, too
+        bad = bytearray(whole)
+        bad[pos] ^= 0x40
+        path.write_bytes(bytes(bad))
+        log = AppendLog(path)
+        assert list(log.replay()) == payloads[:-1] and log.dropped_bytes == len(whole) - last_start
+        log.close()
+
+
+def test_log_rewrite_and_bad_files(tmp_path):
+    path = tmp_path / "x.log"
+    write_log(path, [b"a", b"b", b"c"])
+    log = AppendLog(path)
+    assert list(log.replay()) == [b"a", b"b", b"c"]
+    log.rewrite([b"c2"])
+    log.append(b"d")
+    log.close()
+    (tmp_path / "x.log.new").write_bytes(MAGIC + b"half a rewrite")  # a rewrite that crashed before its rename
+    log = AppendLog(path)
+    assert list(log.replay()) == [b"c2", b"d"] and not (tmp_path / "x.log.new").exists()
+    log.close()
+    (tmp_path / "other").write_bytes(b"not a log at all")
+    with pytest.raises(LogError, match="is not a ragserve log"):
+        list(AppendLog(tmp_path / "other").replay())
+    with pytest.raises(LogError, match="read the log"):
+        AppendLog(path).append(b"x")
+
+
+# -- MemoryBank.remove --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("capacity", [6, 50])
+def test_bank_remove_gives_the_bank_built_from_what_remains(capacity):
+    rng = np.random.default_rng(capacity)
+    vecs = rng.integers(-3, 4, size=(40, 16)).astype(np.float32)  # integer values: many exact ties
+    backends = ["cpu", "gpu"] + (["fpga-sim"] if shutil.which(os.environ.get("CXX", "g++")) else [])
+    for backend in backends:
+        bank = MemoryBank(16, capacity, backend, device="cpu" if backend == "gpu" else None)
+        bank.insert(vecs[:30], np.arange(30))  # wraps the ring when capacity is 6
+        held = list(range(max(0, 30 - capacity), 30))
+        drop = held[1::3] + [999]
+        assert bank.remove(drop) == held[1::3]
+        left = [i for i in held if i not in drop]
+        bank.insert(vecs[30:], np.arange(30, 40))
+        ref = MemoryBank(16, capacity, "cpu")
+        ref.insert(vecs[left], left)
+        ref.insert(vecs[30:], np.arange(30, 40))
+        q = rng.integers(-3, 4, size=(4, 16)).astype(np.float32)
+        assert len(bank) == len(ref)
+        for a, b in zip(bank.recall(q, 8), ref.recall(q, 8)):
+            assert a.ids.tolist() == b.ids.tolist() and np.allclose(a.scores, b.scores, atol=1e-6)
+
+
+# -- MemoryStore --------------------------------------------------------------------------------------------
+def test_store_add_search_delete_reopen_gives_the_same_hits(tmp_path, tiny_encoder, tiny_embedder):
+    path = tmp_path / "mem"
+    with MemoryStore(path, tiny_encoder) as s:
+        assert s.add(TEXTS[:3], [{"topic": "birds"}, None, {"n": 3}]) == [0, 1, 2]
+        assert s.add(TEXTS[3:]) == [3, 4, 5, 6, 7]
+        assert s.delete([2, 42]) == [2]
+        assert [e.id for e in s.list()] == [0, 1, 3, 4, 5, 6, 7] and [e.id for e in s.list(after=4, limit=2)] == [5, 6]
+        assert s.get(0).metadata == {"topic": "birds"} and s.get(2) is None
+        before = {q: hits(s, q, 6) for q in ("heron nest", "the moon and the sea", "concert")}
+        assert all(len(h) == 6 and 2 not in dict(h) for h in before.values())
+    # the recall is the bank's kernel over the stored embeddings: the same as a MemoryBank given them
+    ref = MemoryBank(tiny_embedder.dim, store_mod.DEFAULT_CAPACITY)
+    kept = [0, 1, 3, 4, 5, 6, 7]
+    ref.insert(tiny_embedder.encode([TEXTS[i] for i in kept]), kept)
+    for q, h in before.items():
+        r = ref.recall(tiny_embedder.encode([q]), 6)[0]
+        assert [i for i, _ in h] == r.ids.tolist() and np.allclose([s for _, s in h], r.scores, atol=1e-6)
+    with MemoryStore(path) as s:  # the encoder it was made with, from its settings
+        assert {q: hits(s, q, 6) for q in before} == before
+        assert s.add(["one more"]) == [8]  # ids are never reused
+        s.delete([8, 7])
+    with MemoryStore(path, embedder=tiny_embedder) as s:
+        assert s.next_id == 9 and len(s) == 6 and s.get(0).text == TEXTS[0]
+
+
+def test_store_fpga_sim_recalls_what_cpu_does(tmp_path, tiny_encoder):
+    if not shutil.which(os.environ.get("CXX", "g++")):
+        pytest.skip("the fpga-sim kernel's C simulation needs g++")
+    with MemoryStore(tmp_path / "mem", tiny_encoder) as s:
+        s.add(TEXTS * 3)
+        cpu = {q: hits(s, q, 10) for q in ("heron", "glaciers and valleys", "copper")}
+    with MemoryStore(tmp_path / "mem", backend="fpga-sim") as s:
+        for q, h in cpu.items():
+            f = hits(s, q, 10)
+            assert [i for i, _ in f] == [i for i, _ in h] and np.allclose([x for _, x in f], [x for _, x in h],
+                                                                          atol=1e-6)
+
+
+def test_store_eviction_and_compaction_survive_reopen(tmp_path, tiny_encoder, monkeypatch):
+    monkeypatch.setattr(store_mod, "COMPACT_MIN_DEAD", 4)
+    path = tmp_path / "mem"
+    with MemoryStore(path, tiny_encoder, capacity=5) as s:
+        ids, evicted = s.add_with_evictions(TEXTS[:4])
+        assert ids == [0, 1, 2, 3] and evicted == []
+        ids, evicted = s.add_with_evictions(TEXTS[4:])
+        assert evicted == [0, 1, 2] and [e.id for e in s.list()] == [3, 4, 5, 6, 7]
+        size_before = s.log.size
+        s.delete([5])  # 4 dead of 4 live: the log is rewritten with the live entries
+        assert s.log.size < size_before and s._dead == 0
+        s.add(["a ninth entry about herons"])
+        h = hits(s, "heron", 5)
+    with MemoryStore(path) as s:
+        assert [e.id for e in s.list()] == [3, 4, 6, 7, 8] and hits(s, "heron", 5) == h
+    with pytest.raises(MemoryStoreError, match="capacity is fixed when it is made"):
+        MemoryStore(path, capacity=9)
+
+
+def test_store_bad_input_and_one_process_at_a_time(tmp_path, tiny_encoder, minilm_dir):
+    with pytest.raises(MemoryStoreError, match="is a new memory bank: give the sentence encoder"):
+        MemoryStore(tmp_path / "new")
+    with pytest.raises(MemoryStoreError, match="is not a memory bank"):
+        MemoryStore(tmp_path / "absent", create=False)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(MemoryStoreError, match="exists and is not a memory bank"):
+        MemoryStore(tmp_path / "full", tiny_encoder)
+    s = MemoryStore(tmp_path / "mem", tiny_encoder)
+    with pytest.raises(MemoryStoreError, match=rf"in use by another process \(pid {os.getpid()}\)"):
+        MemoryStore(tmp_path / "mem")
+    for bad, msg in (([], "nothing to add"), ([" "], "non-empty strings"), ([1], "non-empty strings")):
+        with pytest.raises(MemoryStoreError, match=msg):
+            s.add(bad)
+    with pytest.raises(MemoryStoreError, match="metadata must be a JSON object"):
+        s.add(["x"], ["not an object"])
+    with pytest.raises(MemoryStoreError, match="1 texts but 2 metadata"):
+        s.add(["x"], [{}, {}])
+    with pytest.raises(MemoryStoreError, match="k must be an integer >= 1"):
+        s.search("x", 0)
+    assert s.search("anything", 3) == [] and s.log.size == len(MAGIC)  # nothing was written for bad input
+    s.close()
+    from ragserve.retrieval.embedder import EmbedderError
+
+    with pytest.raises(EmbedderError, match="was built with model 'tiny-encoder'"):
+        MemoryStore(tmp_path / "mem", minilm_dir)
+
+
+# -- kill -9 mid-burst ----------------------------------------------------------------------------------------
+WRITER = """
+import sys
+from ragserve.memory.store import MemoryStore
+s = MemoryStore(sys.argv[1], sys.argv[2])
+r = sys.argv[3]
+print("open", flush=True)
+i = 0
+while True:  # one add of two texts at a time: both there or neither
+    # a large record (about 1 MB), so that a kill often lands while it is being written or synced
+    ids = s.add([f"round {r} add {i} first", f"round {r} add {i} second"],
+                [{"round": r, "add": i}, {"round": r, "add": i, "pad": "y" * (1 << 20)}])
+    print(" ".join(map(str, ids)), flush=True)
+    i += 1
+"""
+
+
+def test_kill_9_during_a_burst_of_adds_loses_no_acknowledged_write(tmp_path, tiny_encoder, tiny_embedder):
+    path = tmp_path / "mem"
+    rng = random.Random(32)
+    acked: set[int] = set()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    torn = 0
+    for r in range(4):
+        child = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(tiny_encoder), str(r)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert child.stdout.readline().strip() == "open", child.stderr.read()
+        lines = [child.stdout.readline() for _ in range(rng.randrange(3, 25))]
+        assert all(lines), child.stderr.read()
+        time.sleep(rng.random() * 0.05)  # somewhere inside an add: embedding, writing or syncing
+        child.send_signal(signal.SIGKILL)
+        lines += child.stdout.read().splitlines()  # printed before the kill: acknowledged too
+        assert child.wait(30) == -signal.SIGKILL
+        round_acked = {int(i) for ln in lines if ln.strip() for i in ln.split()}
+        acked |= round_acked
+        with MemoryStore(path, embedder=tiny_embedder) as s:
+            torn += s.log.dropped_bytes > 0
+            entries = {e.id: e for e in s.list(limit=10**6)}
+            assert acked <= set(entries)  # every acknowledged add of every round is there
+            extra = {i for i, e in entries.items() if e.metadata["round"] == str(r)} - round_acked
+            # at most the add in flight at the kill, and then both of its texts
+            assert extra in (set(), {max(round_acked) + 1, max(round_acked) + 2}), extra
+            for i in sorted(round_acked | extra)[::2]:
+                a, b = entries[i], entries[i + 1]
+                assert a.metadata["add"] == b.metadata["add"] and a.text.endswith("first") and b.text.endswith("second")
+            acked |= extra
+            assert len(s) == len(acked) and s.search("round add first", 3)  # the replayed bank recalls
+    print(f"kill -9 rounds: 4, acknowledged adds kept: {len(acked) // 2}, torn tails cut: {torn}")
