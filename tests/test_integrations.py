@@ -83,7 +83,8 @@ def test_retrievers_in_process_return_the_top_k_of_ragserve_search(arguana_index
 
 def test_retrievers_against_a_server_return_the_same(arguana_index, queries, cli_run):
     # ArguAna queries are whole arguments, some longer than the default --max-query-chars
-    srv = ServerProcess("--index", str(arguana_index), "--backend", "cpu", "--api-key", KEY, "--max-query-chars", "20000")
+    srv = ServerProcess("--index", str(arguana_index), "--backend", "cpu", "--api-key", KEY,
+                        "--max-query-chars", "20000")
     try:
         assert wait_until(lambda: requests.get(srv.url + "/readyz", headers={"Authorization": f"Bearer {KEY}"},
                                                timeout=5).status_code == 200, 120, 0.2), srv.log()

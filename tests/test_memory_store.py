@@ -3,6 +3,7 @@
 killed with SIGKILL mid-burst, several times, losing no acknowledged add and leaving no add half there."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -17,8 +18,9 @@ import pytest
 from indexer.wal import MAGIC, AppendLog, LogError
 from ragserve.memory import store as store_mod
 from ragserve.memory.bank import MemoryBank
-from ragserve.memory.store import LOG, MemoryStore, MemoryStoreError
+from ragserve.memory.store import MemoryStore, MemoryStoreError
 from tests.conftest import REPO
+from tests.serverproc import run_cli
 
 TEXTS = ["The violet heron nests on the roof of the old mill.", "Tides are caused by the gravity of the moon.",
          "The mill was built in 1820 by the river.", "Copper conducts heat and electricity well.",
@@ -159,6 +161,13 @@ def test_store_fpga_sim_recalls_what_cpu_does(tmp_path, tiny_encoder):
             f = hits(s, q, 10)
             assert [i for i, _ in f] == [i for i, _ in h] and np.allclose([x for _, x in f], [x for _, x in h],
                                                                           atol=1e-6)
+    # the command line on the same kernel: the same hits
+    r = run_cli("memory", "search", "--memory", str(tmp_path / "mem"), "--backend", "fpga-sim", "-k", "10", "--json",
+                "heron", timeout=300)
+    assert r.returncode == 0, r.stderr
+    f = [(h["id"], h["score"]) for h in json.loads(r.stdout)]
+    assert [i for i, _ in f] == [i for i, _ in cpu["heron"]]
+    assert np.allclose([x for _, x in f], [x for _, x in cpu["heron"]], atol=1e-6)
 
 
 def test_store_eviction_and_compaction_survive_reopen(tmp_path, tiny_encoder, monkeypatch):
@@ -176,6 +185,15 @@ def test_store_eviction_and_compaction_survive_reopen(tmp_path, tiny_encoder, mo
         h = hits(s, "heron", 5)
     with MemoryStore(path) as s:
         assert [e.id for e in s.list()] == [3, 4, 6, 7, 8] and hits(s, "heron", 5) == h
+    # the gpu backend's kernel (torch, here on the CPU device) on the replayed log, and its compaction, which
+    # takes the f32 embeddings from the log rather than the bank's copies
+    with MemoryStore(path, backend="gpu", device="cpu") as s:
+        g = hits(s, "heron", 5)
+        assert [i for i, _ in g] == [i for i, _ in h] and np.allclose([x for _, x in g], [x for _, x in h], atol=1e-6)
+        s.delete([3, 4, 6, 7])
+        assert s._dead == 0 and [e.id for e in s.list()] == [8]
+    with MemoryStore(path) as s:
+        assert hits(s, "heron", 5) == [(8, dict(h)[8])]
     with pytest.raises(MemoryStoreError, match="capacity is fixed when it is made"):
         MemoryStore(path, capacity=9)
 

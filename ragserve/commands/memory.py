@@ -137,15 +137,10 @@ def run_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_entries(args: argparse.Namespace):
-    """Listing and deleting replay the log but embed nothing: the encoder is never loaded."""
-    return _open(args)
-
-
 def run_list(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise CliError(f"--limit must not be negative, got {args.limit}")
-    store = _open_entries(args)
+    store = _open(args)  # listing and deleting never load the encoder
     try:
         entries, total = store.list(args.after, args.limit), len(store)
     finally:
@@ -159,7 +154,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    store = _open_entries(args)
+    store = _open(args)  # listing and deleting never load the encoder
     try:
         deleted = store.delete(args.ids)
     finally:

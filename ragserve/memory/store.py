@@ -190,8 +190,8 @@ class MemoryStore:
             from ragserve.retrieval.embedder import Embedder
 
             self._embedder = Embedder(self._model, device=self._embed_device)
-        s = {"format": FORMAT, "dim": self._embedder.dim, "capacity": capacity, "encoder": self._embedder.info.to_dict(),
-             "created": time.time()}
+        s = {"format": FORMAT, "dim": self._embedder.dim, "capacity": capacity,
+             "encoder": self._embedder.info.to_dict(), "created": time.time()}
         tmp = self.path / (SETTINGS + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(s, f, indent=1)
