@@ -82,6 +82,7 @@ class AppendLog:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._size = 0  # bytes of whole records (and the header): where the next append goes
+        self._broken = False
         # a new log or a rewrite that crashed before its rename: never the live log
         self._tmp.unlink(missing_ok=True)
         if not self.path.exists():
@@ -130,6 +131,8 @@ class AppendLog:
         undone (the file cut back), so it never leaves half a record for later ones to follow."""
         rec = _record(payload)
         with self._lock:
+            if self._broken:
+                raise LogError(f"{self.path}: an earlier write failed and could not be undone; reopen the log")
             if self._fd is None:
                 raise LogError(f"{self.path}: read the log (replay) before appending, and not after close")
             try:
@@ -143,8 +146,7 @@ class AppendLog:
                     os.ftruncate(self._fd, self._size)
                     _sync(self._fd)
                 except OSError:
-                    os.close(self._fd)
-                    self._fd = None  # the state on disk is unknown: refuse more appends
+                    self._broken = True  # the state on disk is unknown: refuse more appends (a replay cuts it)
                 raise
             self._size += len(rec)
 

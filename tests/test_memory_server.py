@@ -42,6 +42,7 @@ def search(srv: ServerProcess, q: str, k: int = 4) -> list[tuple[int, float]]:
     return pairs(r.json()["hits"])
 
 
+@pytest.mark.slow  # two server starts and two CLI runs with the real encoder
 def test_cli_python_and_server_recall_the_same_and_survive_restarts(tmp_path, minilm_dir, hotpot_index):
     mem = tmp_path / "memory"
     r = run_cli("memory", "add", "--memory", str(mem), "--model", str(minilm_dir), "--metadata", '{"from": "cli"}',

@@ -102,6 +102,8 @@ def run_add(args: argparse.Namespace) -> int:
         ids, evicted = store.add_with_evictions(texts, [meta] * len(texts))
     except MemoryStoreError as e:
         raise CliError(str(e)) from None
+    except OSError as e:  # nothing was added: the log's failed write is undone
+        raise CliError(f"cannot write the memory bank {args.memory}: {e.strerror or e}") from None
     finally:
         store.close()
     if args.json:
@@ -157,6 +159,8 @@ def run_delete(args: argparse.Namespace) -> int:
     store = _open(args)  # listing and deleting never load the encoder
     try:
         deleted = store.delete(args.ids)
+    except OSError as e:
+        raise CliError(f"cannot write the memory bank {args.memory}: {e.strerror or e}") from None
     finally:
         store.close()
     missing = [i for i in dict.fromkeys(args.ids) if i not in deleted]

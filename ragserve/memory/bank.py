@@ -107,6 +107,11 @@ class MemoryBank:
         self.count += v.shape[0]
         return evicted
 
+    def slots_by_age(self) -> np.ndarray:
+        """The slots of the entries held, oldest entry first."""
+        n = len(self)
+        return (self.count - n + np.arange(n)) % self.capacity
+
     def remove(self, ids) -> list[int]:
         """Drop the entries held under ``ids``; returns those found, oldest first. The rest move to slots 0..
         in age order, so the bank afterwards (its recall, ties, the next eviction) is the one that inserting the
@@ -114,7 +119,7 @@ class MemoryBank:
         n = len(self)
         if n == 0:
             return []
-        order = (self.count - n + np.arange(n)) % self.capacity  # slots, oldest entry first
+        order = self.slots_by_age()
         gone = np.isin(self.ids[order], np.asarray(ids, dtype=np.int64).reshape(-1))
         keep = order[~gone]
         m = keep.size

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import struct
 import threading
@@ -35,6 +36,7 @@ DEFAULT_CAPACITY = 65536
 COMPACT_MIN_DEAD = 1024  # dead entries in the log before a rewrite is worth it
 COMPACT_CHUNK = 4096  # live entries per record of a rewritten log
 _JSON_LEN = struct.Struct("<I")
+logger = logging.getLogger("ragserve.memory")
 
 
 class MemoryStoreError(ValueError):
@@ -237,13 +239,16 @@ class MemoryStore:
         return self._apply(head, vectors if vectors is not None else np.zeros((0, self.dim), np.float32))
 
     def _maybe_compact(self) -> None:
+        """After a committed change: its caller is answered whatever happens here (the log is still whole)."""
         if self._dead >= max(COMPACT_MIN_DEAD, len(self.entries)):
-            self.compact()
+            try:
+                self.compact()
+            except OSError as e:
+                logger.warning("memory bank %s: the log could not be compacted (%s); kept as it is", self.path, e)
 
     def compact(self) -> None:
-        """Rewrite the log with only the live entries (atomically), and order the bank as its replay will."""
+        """Rewrite the log with only the live entries (atomically), then order the bank as its replay will."""
         with self._mutex:
-            self.bank.remove([])
             live = list(self.entries.values())
             vecs = self._live_vectors()
 
@@ -256,12 +261,13 @@ class MemoryStore:
                                           "created": [e.created for e in part]}, vecs[c:c + len(part)])
 
             self.log.rewrite(records())
+            self.bank.remove([])
             self._dead = 0
 
     def _live_vectors(self) -> np.ndarray:
-        """The live entries' embeddings, oldest first, exactly as logged (after ``bank.remove([])``)."""
+        """The live entries' embeddings, oldest first, exactly as logged."""
         if self.backend != "gpu":
-            return np.asarray(self.bank.keys[:len(self.bank)])
+            return np.asarray(self.bank.keys[self.bank.slots_by_age()])
         # a gpu bank holds fp16 copies: the f32 embeddings come from the log itself
         found: dict[int, np.ndarray] = {}
         for payload in read_records(self.path / LOG):

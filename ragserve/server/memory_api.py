@@ -79,6 +79,10 @@ def add_request(body: dict, cfg: ServerConfig) -> tuple[list[str], list[dict]]:
     return out, [_metadata(m, f"metadata[{i}]") for i, m in enumerate(meta)]
 
 
+def storage_error(e: OSError) -> ApiError:
+    return ApiError(503, "storage_error", f"the memory bank could not be written: {e.strerror or e}")
+
+
 def register_memory(app: Flask, memory: MemoryStore | None, cfg: ServerConfig) -> None:
     def store() -> MemoryStore:
         if memory is None:
@@ -101,6 +105,8 @@ def register_memory(app: Flask, memory: MemoryStore | None, cfg: ServerConfig) -
             ids, evicted = store().add_with_evictions(texts, meta)
         except MemoryStoreError as e:
             raise invalid("texts", str(e)) from None
+        except OSError as e:  # nothing was added: the log's failed write is undone
+            raise storage_error(e) from None
         return jsonify(ids=ids, evicted=evicted)
 
     @app.get("/v1/memory")
@@ -133,6 +139,10 @@ def register_memory(app: Flask, memory: MemoryStore | None, cfg: ServerConfig) -
     @app.delete("/v1/memory/<int:entry_id>")
     def memory_delete(entry_id: int) -> Response:
         entry_or_404(entry_id)
-        if not store().delete([entry_id]):  # deleted by another request meanwhile
+        try:
+            deleted = store().delete([entry_id])
+        except OSError as e:
+            raise storage_error(e) from None
+        if not deleted:  # deleted by another request meanwhile
             raise ApiError(404, "not_found", f"no memory entry with id {entry_id}", field="id")
         return jsonify(deleted=entry_id)
