@@ -3,6 +3,7 @@ real server: the same top-k (ids, scores) as ``ragserve search`` (its TREC run, 
 each hit's passage, title and internal id."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -58,7 +59,7 @@ def same_as_cli(pairs: list[tuple[str, float]], expected: list[tuple[str, float]
 
 
 def test_retrievers_in_process_return_the_top_k_of_ragserve_search(arguana_index, queries, cli_run):
-    lc = rs_langchain.RagserveRetriever(index=str(arguana_index), k=K)
+    lc = rs_langchain.RagserveRetriever(index=arguana_index, k=K)
     li = rs_llamaindex.RagserveRetriever(arguana_index, k=K)
     try:
         for q in queries:
@@ -72,6 +73,10 @@ def test_retrievers_in_process_return_the_top_k_of_ragserve_search(arguana_index
         assert [(h["id"], h["score"], h["text"], h["docid"]) for h in cli] == \
             [(d.id, d.metadata["score"], d.page_content, d.metadata["docid"]) for d in docs]
         assert [d.id for d in lc.invoke(queries[1].text, k=3)] == [d for d, _ in cli_run[queries[1].id][:3]]
+        # the frameworks' async entry points reach the same search
+        q = queries[2]
+        assert [(d.id, d.metadata["score"]) for d in asyncio.run(lc.ainvoke(q.text))] == langchain_pairs(lc, q.text)
+        assert [(n.node.node_id, n.score) for n in asyncio.run(li.aretrieve(q.text))] == llama_pairs(li, q.text)
     finally:
         lc.close()
         li.close()

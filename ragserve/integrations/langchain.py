@@ -11,6 +11,7 @@ Each ``Document`` has the corpus's document id as ``id``, the passage as ``page_
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 try:
@@ -30,7 +31,7 @@ __all__ = ["RagserveRetriever", "RetrievalError"]
 class RagserveRetriever(BaseRetriever):
     """Exactly one of ``index`` (a directory, searched here with ``backend``) or ``url`` (a server)."""
 
-    index: str | None = None
+    index: str | Path | None = None
     url: str | None = None
     api_key: str | None = Field(default=None, repr=False)
     k: int = 10
