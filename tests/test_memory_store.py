@@ -220,11 +220,22 @@ def test_store_bad_input_and_one_process_at_a_time(tmp_path, tiny_encoder, minil
     with pytest.raises(MemoryStoreError, match="k must be an integer >= 1"):
         s.search("x", 0)
     assert s.search("anything", 3) == [] and s.log.size == len(MAGIC)  # nothing was written for bad input
+    with pytest.raises(MemoryStoreError, match="lone surrogate"):
+        s.add(["lone \ud800 surrogate"])
+    assert s.add(["a note"], [{"k": "\udfff"}]) == [0]  # metadata as JSON input may carry it
     s.close()
     from ragserve.retrieval.embedder import EmbedderError
 
     with pytest.raises(EmbedderError, match="was built with model 'tiny-encoder'"):
         MemoryStore(tmp_path / "mem", minilm_dir)
+    with MemoryStore(tmp_path / "mem") as s:
+        assert s.get(0).text == "a note" and s.get(0).metadata == {"k": "\udfff"}
+    log = AppendLog(tmp_path / "mem" / "memory.log")  # a whole record that is not a memory record
+    list(log.replay())
+    log.append(b"\x05\x00\x00\x00{bad}")
+    log.close()
+    with pytest.raises(MemoryStoreError, match="record 1 is not a memory record"):
+        MemoryStore(tmp_path / "mem")
 
 
 # -- kill -9 mid-burst ----------------------------------------------------------------------------------------

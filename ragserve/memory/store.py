@@ -65,7 +65,8 @@ class MemoryHit:
 
 
 def _encode_record(head: dict, vectors: np.ndarray | None = None) -> bytes:
-    js = json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    # ASCII: a lone surrogate (which JSON input may carry) is kept escaped rather than failing to encode
+    js = json.dumps(head, separators=(",", ":")).encode("ascii")
     vec = b"" if vectors is None else np.ascontiguousarray(vectors, dtype="<f4").tobytes()
     return _JSON_LEN.pack(len(js)) + js + vec
 
@@ -88,6 +89,16 @@ def check_metadata(value, what: str = "metadata") -> dict:
     except (TypeError, ValueError) as e:
         raise MemoryStoreError(f"{what} must hold only JSON values: {e}") from None
     return value
+
+
+def _check_texts(texts: list, what: str) -> None:
+    for t in texts:
+        if not isinstance(t, str) or not t.strip():
+            raise MemoryStoreError(f"{what} must be non-empty strings")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:  # the tokenizer would refuse it
+            raise MemoryStoreError(f"{what} must be valid Unicode text (one holds a lone surrogate)") from None
 
 
 class MemoryStore:
@@ -133,8 +144,12 @@ class MemoryStore:
             self._mutex = threading.RLock()
             self._encode_mutex = threading.Lock()  # a fast tokenizer refuses concurrent calls
             self.log = AppendLog(self.path / LOG)
-            for payload in self.log.replay():
-                self._apply(*_decode_record(payload, self.dim))
+            for n, payload in enumerate(self.log.replay()):
+                try:
+                    head, vectors = _decode_record(payload, self.dim)
+                except (ValueError, KeyError, struct.error) as e:  # whole (its checksum held), so not a crash's
+                    raise MemoryStoreError(f"{self.path / LOG}: record {n} is not a memory record: {e}") from None
+                self._apply(head, vectors)
         except (MemoryBankError, LogError) as e:
             self._release_lock()
             raise MemoryStoreError(str(e)) from None
@@ -293,9 +308,7 @@ class MemoryStore:
         texts = list(texts)
         if not texts:
             raise MemoryStoreError("nothing to add: give at least one text")
-        for t in texts:
-            if not isinstance(t, str) or not t.strip():
-                raise MemoryStoreError("memory texts must be non-empty strings")
+        _check_texts(texts, "memory texts")
         metadata = [None] * len(texts) if metadata is None else list(metadata)
         if len(metadata) != len(texts):
             raise MemoryStoreError(f"{len(texts)} texts but {len(metadata)} metadata objects")
@@ -338,9 +351,7 @@ class MemoryStore:
     def search_batch(self, queries: Sequence[str], k: int = 5) -> list[list[MemoryHit]]:
         """Each query's top-k entries by the inner product of the embeddings, best first (ties: the older)."""
         queries = list(queries)
-        for q in queries:
-            if not isinstance(q, str) or not q.strip():
-                raise MemoryStoreError("queries must be non-empty strings")
+        _check_texts(queries, "queries")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise MemoryStoreError(f"k must be an integer >= 1, got {k!r}")
         qv = self._encode(queries)
