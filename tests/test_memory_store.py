@@ -315,3 +315,17 @@ def test_kill_9_during_a_burst_of_adds_loses_no_acknowledged_write(tmp_path):
             assert [h.entry.id for h in s.search(entries[min(round_acked)].text, 1)] == [min(round_acked)]
     print(f"kill -9: {rounds} rounds, {len(acked) // 2} acknowledged adds all kept, {torn} torn tails cut")
     assert torn > 0
+
+
+def test_cli_list_and_delete(tmp_path, tiny_embedder):
+    with MemoryStore(tmp_path / "mem", embedder=tiny_embedder) as s:
+        s.add(TEXTS[:3], [{"n": 0}, None, None])
+    r = run_cli("memory", "delete", "--memory", str(tmp_path / "mem"), "1", "9")
+    assert r.returncode == 2 and r.stdout == "deleted 1\n"
+    assert r.stderr == f"ragserve memory: error: no entry with id 9 in {tmp_path / 'mem'} (the others were deleted)\n"
+    r = run_cli("memory", "list", "--memory", str(tmp_path / "mem"), "--json")
+    listed = json.loads(r.stdout)
+    assert listed["total"] == 2 and [(e["id"], e["text"], e["metadata"]) for e in listed["entries"]] == \
+        [(0, TEXTS[0], {"n": 0}), (2, TEXTS[2], {})]
+    r = run_cli("memory", "list", "--memory", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not a memory bank" in r.stderr

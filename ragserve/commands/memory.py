@@ -60,15 +60,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(func=run_delete)
 
 
-def _open(args: argparse.Namespace, create: bool = False, model: str | None = None, **kw):
-    """The memory bank, or one line saying why not. Listing and deleting need no encoder."""
+def _open(args: argparse.Namespace, **kw):
+    """The memory bank, or one line saying why not. Listing and deleting never load the encoder (nor torch)."""
     from ragserve.memory.store import MemoryStore, MemoryStoreError
-    from ragserve.retrieval.embedder import EmbedderError
 
     try:
-        return MemoryStore(args.memory, model, create=create, **kw)
-    except (MemoryStoreError, EmbedderError) as e:
+        return MemoryStore(args.memory, create=False, **kw)
+    except MemoryStoreError as e:
         raise CliError(str(e)) from None
+
+
+def _encoder_errors() -> tuple[type[Exception], ...]:
+    """What adding or searching may raise for bad input: the bank's and its encoder's errors."""
+    from ragserve.memory.store import MemoryStoreError
+    from ragserve.retrieval.embedder import EmbedderError
+
+    return MemoryStoreError, EmbedderError
 
 
 def _entry_line(e: dict, score: float | None = None) -> str:
@@ -79,7 +86,7 @@ def _entry_line(e: dict, score: float | None = None) -> str:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from ragserve.memory.store import MemoryStoreError, check_metadata
+    from ragserve.memory.store import MemoryStore, check_metadata
 
     texts = list(args.texts)
     if args.file:
@@ -97,10 +104,14 @@ def run_add(args: argparse.Namespace) -> int:
         raise CliError(f"--metadata: {e}") from None
     if args.capacity is not None and args.capacity < 1:
         raise CliError(f"--capacity must be at least 1, got {args.capacity}")
-    store = _open(args, create=True, model=args.model, capacity=args.capacity, embed_device=args.embed_device)
+    errors = _encoder_errors()
+    try:
+        store = MemoryStore(args.memory, args.model, capacity=args.capacity, embed_device=args.embed_device)
+    except errors as e:
+        raise CliError(str(e)) from None
     try:
         ids, evicted = store.add_with_evictions(texts, [meta] * len(texts))
-    except MemoryStoreError as e:
+    except errors as e:
         raise CliError(str(e)) from None
     except OSError as e:  # nothing was added: the log's failed write is undone
         raise CliError(f"cannot write the memory bank {args.memory}: {e.strerror or e}") from None
@@ -116,19 +127,14 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    from ragserve.commands import check_backend
-    from ragserve.memory.store import MemoryStoreError
-
     if not args.query.strip():
         raise CliError("the query is empty")
     if args.k < 1:
         raise CliError(f"-k must be at least 1, got {args.k}")
-    if not args.device:
-        check_backend(args.backend, device_option=True)
     store = _open(args, backend=args.backend, device=args.device, embed_device=args.embed_device)
     try:
-        hits = store.search(args.query, args.k)
-    except MemoryStoreError as e:
+        hits = store.search(args.query, args.k)  # loads the encoder
+    except _encoder_errors() as e:
         raise CliError(str(e)) from None
     finally:
         store.close()
