@@ -123,8 +123,9 @@ class MemoryStore:
             if model is None and embedder is None:
                 raise MemoryStoreError(f"{self.path} is a new memory bank: give the sentence encoder that makes "
                                        f"its embeddings (a model directory)")
-        self._lock_fd = self._take_lock()
+        self._lock_fd = None
         try:
+            self._lock_fd = self._take_lock()
             self._embedder, self._model, self._embed_device = embedder, model, embed_device
             self._checked = False  # the encoder checked against the bank's settings
             if exists:
@@ -153,6 +154,10 @@ class MemoryStore:
         except (MemoryBankError, LogError) as e:
             self._release_lock()
             raise MemoryStoreError(str(e)) from None
+        except OSError as e:  # a folder that cannot be made, a file that cannot be read or written
+            self._release_lock()
+            raise MemoryStoreError(f"cannot open the memory bank {self.path}: {e.strerror or e}"
+                                   + (f" ({e.filename})" if e.filename else "")) from None
         except BaseException:
             self._release_lock()
             raise
