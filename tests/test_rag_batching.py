@@ -54,14 +54,15 @@ def record(answer, trace) -> tuple:
                     for s in trace.steps]
 
 
-def run_all(generator, retrievers, jobs: list[tuple[str, str]], concurrent: bool) -> list[tuple]:
+def run_all(generator, retrievers, jobs: list[tuple[str, str]], concurrent: bool, fewshot: int = 2,
+            **options) -> list[tuple]:
     searcher, reranking = retrievers
-    prompts = PromptBuilder(load_exemplars("multihop.txt"), fewshot=2)
+    prompts = PromptBuilder(load_exemplars("multihop.txt"), fewshot=fewshot)
 
     def one(job):
         name, question = job
         method = build_method(name, generator, prompts, reranking if name == "two-stage" else searcher,
-                              **OPTIONS, **METHOD_OPTIONS.get(name, {}))
+                              **{**OPTIONS, **METHOD_OPTIONS.get(name, {}), **options})
         if concurrent:
             start.wait(60)
         return record(*method.answer(question))
@@ -169,7 +170,8 @@ def test_sampling_options(gen):
 @pytest.mark.slow
 def test_gemma_interleaved_answers_equal_one_at_a_time(gemma_dir, retrievers):
     generator = Generator(str(gemma_dir), device="cpu")
-    jobs = [(m, e.question) for m in ("fixed-sentence", "flare") for e in S.hotpot_examples()[:2]]
-    alone = run_all(generator, retrievers, jobs, concurrent=False)
-    assert run_all(generator, retrievers, jobs, concurrent=True) == alone
+    jobs = [(m, e.question) for m in ("fixed-sentence", "flare") for e in S.hotpot_examples()[:1]]
+    small = {"fewshot": 1, "max_new_tokens": 16, "answer_max_tokens": 6, "theta": 0.9}
+    alone = run_all(generator, retrievers, jobs, concurrent=False, **small)
+    assert run_all(generator, retrievers, jobs, concurrent=True, **small) == alone
     assert all(answer for answer, _ in alone)
