@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ragserve.rag.decoding import Sampling
-from ragserve.rag.engines import engine_for
+from ragserve.rag.engines import ENGINES, engine_for
 from ragserve.rag.engines.reference import ReferenceEngine
 from ragserve.rag.generator import Generator, GeneratorError
 from ragserve.rag.methods import METHOD_NAMES, build_method
@@ -91,6 +91,17 @@ def test_interleaved_requests_of_every_method_equal_one_at_a_time(gen, retriever
     assert advanced > 1.5 * steps, (steps, advanced)  # engine steps advanced several answers each
 
 
+def test_engine_for_picks_the_registered_engine_of_the_model_type(gen, monkeypatch):
+    assert isinstance(engine_for(gen.model, "cpu"), ReferenceEngine)  # no fast engine for Llama
+    with pytest.raises(GeneratorError, match="no fast decode engine"):
+        engine_for(gen.model, "cpu", kind="fast")
+    with pytest.raises(GeneratorError, match="unknown engine"):
+        engine_for(gen.model, "cpu", kind="turbo")
+    monkeypatch.setitem(ENGINES, "llama", "ragserve.rag.engines.reference:ReferenceEngine")
+    engine = engine_for(gen.model, "cpu", kind="fast", max_slots=3, max_length=100)
+    assert isinstance(engine, ReferenceEngine) and (engine.max_slots, engine.max_length) == (3, 100)
+
+
 def test_reference_step_is_batch_invariant(gen):
     prompts = [gen.tokenizer(p).input_ids for p in (PROMPT, "The Eiffel Tower is in", "Marie Curie was born")]
     together, alone = ReferenceEngine(gen.model, "cpu", max_slots=4), ReferenceEngine(gen.model, "cpu")
@@ -110,9 +121,6 @@ def test_reference_step_is_batch_invariant(gen):
     torch.testing.assert_close(together.prefill(slots[0], prompts[0][3:]), firsts[0], atol=1e-4, rtol=0)
     with pytest.raises(GeneratorError, match="slots"):
         together.open(), together.open()
-    assert isinstance(engine_for(gen.model, "cpu", kind="auto"), ReferenceEngine)  # no fast engine for Llama
-    with pytest.raises(GeneratorError, match="no fast decode engine"):
-        engine_for(gen.model, "cpu", kind="fast")
 
 
 def test_a_session_prefills_only_past_the_prefix_it_holds(gen):

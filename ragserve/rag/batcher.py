@@ -108,12 +108,24 @@ class Batcher:
 
     # -- the batcher thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        with torch.inference_mode():
-            self._loop()
-
-    def _loop(self) -> None:
         active: list[_Job] = []
         waiting: list[_Job] = []  # admitted once a slot of their engine frees up
+        try:
+            with torch.inference_mode():
+                self._loop(active, waiting)
+        except BaseException as e:  # a bug here must not leave callers waiting forever
+            with self._cond:
+                self._thread = None
+                jobs = active + waiting + list(self._new)
+                calls, self._new, self._calls = list(self._calls), deque(), deque()
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(e)
+            for _, fut in calls:
+                fut.set_exception(e)
+            raise
+
+    def _loop(self, active: list[_Job], waiting: list[_Job]) -> None:
         while True:
             with self._cond:
                 while not (self._new or self._calls or active or (waiting and self._freed)):
@@ -128,7 +140,7 @@ class Batcher:
             waiting += new
             self._freed = False
             still = []
-            for job in waiting:
+            for job in list(waiting):
                 if job.session.slot is None and self._open.get(id(job.engine), 0) >= job.engine.max_slots:
                     still.append(job)
                     continue
@@ -141,9 +153,9 @@ class Batcher:
                     self._finish(job)
                 else:
                     active.append(job)
-            waiting = still
+            waiting[:] = still
             if active:
-                active = self._step(active)
+                active[:] = self._step(active)
 
     def _admit(self, job: _Job) -> None:
         """Open (or reuse) the slot and prefill the prompt past the prefix the slot already holds."""
