@@ -8,7 +8,8 @@ every answer in flight together), with a chosen decode engine.
 The index is the demo's (corpora/demo, 206 Wikipedia pages, built into --workdir on first use); the questions are
 about its pages. Each client is a closed loop: it asks its next question as soon as its answer arrives; every
 level answers the same questions (``--answers`` of them, at least one per client), after one untimed warm-up
-answer. ``mean_batch`` is the generation steps the engine steps advanced over the steps run. Greedy answers are the
+answer. ``mean_batch`` is the generation steps the engine steps advanced over the steps run; ``engine_s`` and
+``batcher_host_s`` the batcher thread's seconds in the engine and on its own work (token choice, stop checks). Greedy answers are the
 same at every level (checked: a level whose answers differ from one client's is reported as an error).
 """
 from __future__ import annotations
@@ -91,6 +92,8 @@ def run_level(answers, clients: int, questions: list[str], options: dict, method
             "answers_per_s": round(len(questions) / wall, 4), "p50_s": round(percentile(latencies, 50), 3),
             "p99_s": round(percentile(latencies, 99), 3),
             "mean_batch": round((after["generation_steps"] - before["generation_steps"]) / steps, 2) if steps else 0,
+            "engine_s": round(after["engine_s"] - before["engine_s"], 3),
+            "batcher_host_s": round(after["host_s"] - before["host_s"], 3),
             "errors": errors, "outputs": results}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -71,6 +72,8 @@ class Batcher:
         self._freed = False  # a slot was closed since the waiting generations last tried to get one
         self.steps = 0  # engine steps run
         self.stepped = 0  # generation steps they advanced (stepped / steps: the mean batch)
+        self.engine_s = 0.0  # seconds in the engines' prefill and step calls
+        self.host_s = 0.0  # seconds picking tokens and checking stops (the rows' log-softmax, the detokenizing)
 
     # -- the requests' side ---------------------------------------------------------------------
     def generate(self, engine: DecodeEngine, decode: Decode, session: DecodeSession | None = None,
@@ -166,9 +169,13 @@ class Batcher:
         keep = min(common_prefix(s.cached, ids), len(ids) - 1)
         engine.truncate(s.slot, keep)
         s.cached = s.cached[:keep]
+        t0 = time.perf_counter()
         row = self._in(job, engine.prefill, s.slot, ids[keep:])
+        t1 = time.perf_counter()
         s.cached = list(ids)
         job.next = job.decode.feed(row)
+        self.engine_s += t1 - t0
+        self.host_s += time.perf_counter() - t1
 
     def _step(self, active: list[_Job]) -> list[_Job]:
         """One token for every active generation: one ``engine.step`` per engine (a generation with its own
@@ -179,12 +186,15 @@ class Batcher:
         still = []
         for jobs in groups.values():
             engine = jobs[0].engine
+            t0 = time.perf_counter()
             try:
                 rows = self._in(jobs[0], engine.step, [j.session.slot for j in jobs], [j.next for j in jobs])
             except Exception as e:
                 for j in jobs:
                     self._fail(j, e)
                 continue
+            t1 = time.perf_counter()
+            self.engine_s += t1 - t0
             self.steps += 1
             self.stepped += len(jobs)
             for j, row in zip(jobs, rows):
@@ -198,6 +208,7 @@ class Batcher:
                     self._finish(j)
                 else:
                     still.append(j)
+            self.host_s += time.perf_counter() - t1
         return still
 
     @staticmethod

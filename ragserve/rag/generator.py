@@ -240,9 +240,11 @@ class Generator:
 
     @property
     def batching(self) -> dict:
-        """Engine steps run and the generation steps they advanced (their ratio: the mean batch)."""
-        return {"engine": type(self.engine).__name__, "steps": self._batcher.steps,
-                "generation_steps": self._batcher.stepped}
+        """Engine steps run and the generation steps they advanced (their ratio: the mean batch); seconds in the
+        engine's calls and on the batcher's host work (picking tokens, stop checks)."""
+        b = self._batcher
+        return {"engine": type(self.engine).__name__, "steps": b.steps, "generation_steps": b.stepped,
+                "engine_s": b.engine_s, "host_s": b.host_s}
 
     # -- attention --------------------------------------------------------------------------
     def attention(self, ids: list[int]) -> np.ndarray:
