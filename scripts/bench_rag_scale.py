@@ -40,7 +40,9 @@ What is real and what stands in:
   throughput), and the answers must equal the one-at-a-time loop's (greedy, batch-invariant engine).
 - Generator: ``--generator DIR`` replaces the random shapes by a real causal LM (every method, two-stage included):
   a serving-class small model such as gemma-3-270m, decoded by the engine ``--engine`` picks (``fast``: the
-  architecture's batched engine, ``ragserve.rag.engines``).
+  architecture's batched engine, ``ragserve.rag.engines``). A DIR without weights (config.json and the tokenizer
+  only, e.g. carried to a machine the weights cannot reach) gets random weights in that configuration, like the
+  shapes above: the times hold, the answers are noise.
 
 Cells run in priority order (per-question loops, both backends per method, then the batched path) and one that would
 not finish before ``--deadline-s`` is skipped; the JSON is rewritten after every cell, so a timeout still leaves
@@ -172,6 +174,23 @@ def build_generator(shape: dict, tok, device: str, name: str, engine: str = "aut
     with torch.no_grad():
         model.get_output_embeddings().weight[len(tok):] = 0  # ids without a token: logit 0, never the argmax
     return Generator.from_model(model, tok, device=device, name=name, engine=engine, max_slots=max_slots)
+
+
+def load_generator(path: Path, device: str, engine: str, max_slots: int):
+    """The causal LM in ``path``; random weights in its configuration when the directory holds none."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from ragserve.rag.generator import Generator
+
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return Generator(str(path), device=device, engine=engine, max_slots=max_slots)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    return Generator.from_model(model, AutoTokenizer.from_pretrained(path), device=device,
+                                name=f"random weights, {path.name} configuration", engine=engine, max_slots=max_slots)
 
 
 def build_cross_encoder(shape: dict, tok, work: Path, device: str):
@@ -689,7 +708,7 @@ def main() -> int:
     slots = max(args.clients, 1)
     if args.generator is not None:
         try:
-            gen = Generator(str(args.generator), device=device, engine=args.engine, max_slots=slots)
+            gen = load_generator(args.generator, device, args.engine, slots)
         except GeneratorError as e:
             print(f"bench_rag_scale: {e}", file=sys.stderr)
             return 2
@@ -704,7 +723,8 @@ def main() -> int:
                                                                       "random Llama-3.1-8B shape", args.engine, slots)
         reranker = build_cross_encoder(shapes["ce"], ce_tok, work, device)
         step("generator_two_stage_and_cross_encoder", t)
-    real = {"path": str(args.generator), "model_type": gen.model.config.model_type} if args.generator else None
+    real = {"path": str(args.generator), "model_type": gen.model.config.model_type,
+            "weights": "random" if gen.name.startswith("random") else "trained"} if args.generator else None
     report["models"] = {"tokenizer_vocab": len(gen.tokenizer), "dtype": str(gen.dtype),
                         "generator": real or shapes["lm"], "generator_two_stage": real or shapes["lm2"],
                         "engine": gen.batching["engine"],

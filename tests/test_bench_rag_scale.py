@@ -42,3 +42,23 @@ def test_bench_rag_scale_toy_run(tmp_path):
     assert ("single", "batched", "cpu") in cells
     assert r["models"]["engine"] == "ReferenceEngine" and r["clients"] == 2
     assert "| single | served | 2 |" in r["table"]
+
+
+def test_a_generator_directory_without_weights_gets_random_ones(tmp_path):
+    """What a machine the weights cannot reach is given: the configuration and the tokenizer only."""
+    import importlib.util
+    import shutil
+
+    from tests import rag_support as S
+
+    for f in S.tiny_lm().iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    spec = importlib.util.spec_from_file_location("bench_rag_scale", ROOT / "scripts" / "bench_rag_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    random = bench.load_generator(tmp_path, "cpu", "reference", 2)
+    trained = bench.load_generator(S.tiny_lm(), "cpu", "reference", 2)
+    assert random.name.startswith("random weights") and not trained.name.startswith("random")
+    assert random.model.config.to_dict()["hidden_size"] == trained.model.config.hidden_size
+    assert random.engine.max_slots == 2 and random.generate("Hello", 3).tokens_generated >= 1
