@@ -163,6 +163,11 @@ class AnswerService:
                 "default_method": self.default_method, "max_new_tokens_limit": self.max_new_tokens,
                 "options": {m: {o: t.__name__ for o, t in self.option_kinds[m].items()} for m in self.methods}}
 
+    def batching(self) -> dict | None:
+        """The generator's decode batching so far (``Generator.batching``); None before it loads or where the
+        generator runs elsewhere."""
+        return getattr(self.generator, "batching", None)
+
     @property
     def pending(self) -> int:
         return self.queue.pending
