@@ -9,8 +9,8 @@ The index is the demo's (corpora/demo, 206 Wikipedia pages, built into --workdir
 about its pages. Each client is a closed loop: it asks its next question as soon as its answer arrives; every
 level answers the same questions (``--answers`` of them, at least one per client), after one untimed warm-up
 answer. ``mean_batch`` is the generation steps the engine steps advanced over the steps run; ``engine_s`` and
-``batcher_host_s`` the batcher thread's seconds in the engine and on its own work (token choice, stop checks). Greedy answers are the
-same at every level (checked: a level whose answers differ from one client's is reported as an error).
+``batcher_host_s`` the batcher thread's seconds in the engine and on its own work (token choice, stop checks).
+Greedy answers are the same at every level (checked: a level whose answers differ from one client's is an error).
 """
 from __future__ import annotations
 

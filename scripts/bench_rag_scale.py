@@ -662,7 +662,8 @@ def main() -> int:
     log(f"{env.get('gpu', 'no GPU')}; {env['cpus']} x {env['cpu']}; torch {env['torch']}, "
         f"transformers {env['transformers']}; commit {env['commit']}")
     report: dict = {"environment": env, "quick": q, "docs": docs, "questions_per_cell": limit,
-                    "max_new_tokens": args.max_new_tokens, "clients": args.clients, "seeds": {"per_method": SEEDS, **SEEDS_COMMON},
+                    "max_new_tokens": args.max_new_tokens, "clients": args.clients,
+                    "seeds": {"per_method": SEEDS, **SEEDS_COMMON},
                     "setup_s": {}, "cells": [], "skipped": []}
 
     def save() -> None:

@@ -2,9 +2,9 @@
 generator's batcher runs their decode steps together (``ragserve.rag.batcher``).
 
 The model loads on a worker thread in the background (``/readyz`` is 503 until it is ready). Each request gets
-its own method object and decode session (its KV cache kept across its generations); ``StepWatch`` sees every step of its trace as it completes (to stream it as a
-server-sent event) and stops the run at the next step once the request is abandoned (timeout or the
-client went away), so an abandoned answer frees the generator early.
+its own method object and decode session (its KV cache kept across its generations); ``StepWatch`` sees every step
+of its trace as it completes (to stream it as a server-sent event) and stops the run at the next step once the
+request is abandoned (timeout or the client went away), so an abandoned answer frees its worker early.
 """
 from __future__ import annotations
 
