@@ -6,6 +6,8 @@ BM25 top 100), per retrieval backend: cpu (measured), gpu (measured, sharing the
     python scripts/bench_rag_scale.py --data-dir DATA --out rag_scale.json   # H200: the full run (4-7 minutes)
     python scripts/bench_rag_scale.py --quick --out /tmp/rag_quick.json      # CPU dry run with tiny shapes
     python scripts/bench_rag_scale.py --report rag_scale.json                # the tables of a (partial) run
+    python scripts/bench_rag_scale.py --generator /work/models/gemma-270m --engine fast --out rag_gemma.json
+                                                     # a serving-class generator: a real small model, fast engine
 
 ``DATA`` is ../shared/data or a copy holding hotpotqa-dev500-ircot, wiki18-100w-passages-sample and
 enwiki-wikiextractor-json-sample (the questions, the passage text and the reference corpus).
@@ -32,6 +34,15 @@ What is real and what stands in:
 - Batch: the RAG loops answer one question at a time. Batch 8 is run for ``none`` and ``single`` only, through a
   batched greedy decode in this script (HF ``generate``, left padding, the full token budget, no early stop) and one
   ``search_batch`` per batch; the same path at batch 1 gives the like-for-like reference.
+- Served (``--clients N``, default 8): the server's way, every method's own loop for N questions at once, one
+  thread each, their decode steps batched by the generator's batcher (continuous batching, ``ragserve.rag.batcher``)
+  and their retrievals meeting at the backend. ``s/q`` is then the wall time over the questions (the inverse of the
+  throughput), and the answers must equal the one-at-a-time loop's (greedy, batch-invariant engine).
+- Generator: ``--generator DIR`` replaces the random shapes by a real causal LM (every method, two-stage included):
+  a serving-class small model such as gemma-3-270m, decoded by the engine ``--engine`` picks (``fast``: the
+  architecture's batched engine, ``ragserve.rag.engines``). A DIR without weights (config.json and the tokenizer
+  only, e.g. carried to a machine the weights cannot reach) gets random weights in that configuration, like the
+  shapes above: the times hold, the answers are noise.
 
 Cells run in priority order (per-question loops, both backends per method, then the batched path) and one that would
 not finish before ``--deadline-s`` is skipped; the JSON is rewritten after every cell, so a timeout still leaves
@@ -48,6 +59,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -144,7 +156,7 @@ def build_reference(hotpot: Path, data: Path, work: Path) -> None:
 
 
 # ---- models -----------------------------------------------------------------------------------------------------
-def build_generator(shape: dict, tok, device: str, name: str):
+def build_generator(shape: dict, tok, device: str, name: str, engine: str = "auto", max_slots: int = 32):
     """A random causal LM of ``shape`` built in place on ``device`` (bf16 on a GPU), wrapped without a save."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -161,7 +173,24 @@ def build_generator(shape: dict, tok, device: str, name: str):
         model.to(dtype)
     with torch.no_grad():
         model.get_output_embeddings().weight[len(tok):] = 0  # ids without a token: logit 0, never the argmax
-    return Generator.from_model(model, tok, device=device, name=name)
+    return Generator.from_model(model, tok, device=device, name=name, engine=engine, max_slots=max_slots)
+
+
+def load_generator(path: Path, device: str, engine: str, max_slots: int):
+    """The causal LM in ``path``; random weights in its configuration when the directory holds none."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from ragserve.rag.generator import Generator
+
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return Generator(str(path), device=device, engine=engine, max_slots=max_slots)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    return Generator.from_model(model, AutoTokenizer.from_pretrained(path), device=device,
+                                name=f"random weights, {path.name} configuration", engine=engine, max_slots=max_slots)
 
 
 def build_cross_encoder(shape: dict, tok, work: Path, device: str):
@@ -236,6 +265,7 @@ class GeneratorProbe:
     def __init__(self, gen) -> None:
         self.generate_s = 0.0
         self.attention: list[tuple[int, float]] = []  # (tokens, seconds) per attention pass
+        self._lock = threading.Lock()  # the served path calls from several threads
         generate, attention = gen.generate, gen.attention
 
         def timed_generate(*a, **kw):
@@ -243,7 +273,8 @@ class GeneratorProbe:
             try:
                 return generate(*a, **kw)
             finally:
-                self.generate_s += time.perf_counter() - t
+                with self._lock:
+                    self.generate_s += time.perf_counter() - t
 
         def timed_attention(ids, *a, **kw):
             t = time.perf_counter()
@@ -366,6 +397,50 @@ def loop_rows(method, examples, retriever: MappedRetriever | None, probe: Genera
                      "prompt_tokens": [s.prompt_tokens for s in trace.steps if s.kind != "retrieve"],
                      "output": trace.output, "calls": calls, "generator": probe.take()})
     return rows
+
+
+def served_rows(method, examples, clients: int, retriever: MappedRetriever | None) -> list[dict]:
+    """The served path: ``clients`` threads answer the questions (each the next one free) through the method's own
+    loop at once, their decodes batched by the generator's batcher. One row per question; a row's ``seconds`` is
+    the wall time over the questions (so s/q is the inverse throughput), its ``latency_s`` its own."""
+    if retriever is not None:
+        retriever.take_calls()
+    todo = iter(range(len(examples)))
+    lock = threading.Lock()
+    rows: list[dict | None] = [None] * len(examples)
+    start = threading.Barrier(clients)
+
+    def client() -> None:
+        start.wait()
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            t0 = time.perf_counter()
+            _, trace = method.answer(examples[i].question)
+            rows[i] = {"id": examples[i].id, "questions": 1, "retrievals": trace.retrievals, "tokens": trace.tokens,
+                       "times": trace.times.to_dict(), "latency_s": time.perf_counter() - t0,
+                       "prompt_tokens": [s.prompt_tokens for s in trace.steps if s.kind != "retrieve"],
+                       "output": trace.output, "calls": []}
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    calls = retriever.take_calls() if retriever is not None else []
+    done = [r for r in rows if r is not None]
+    if len(done) < len(rows):
+        raise RuntimeError(f"{len(rows) - len(done)} of {len(rows)} served answers failed")
+    map_s = sum(c["map_s"] for c in calls)
+    for r in done:
+        r["seconds"] = (wall - map_s) / len(done)
+    if done:
+        done[0]["calls"] = calls  # the searches of the whole run (their order across threads is arbitrary)
+    return done
 
 
 def batch_rows(gen, prompts, examples, batch: int, retriever: MappedRetriever | None, k: int,
@@ -518,6 +593,11 @@ def main() -> int:
     ap.add_argument("--device", default="auto", help="generator, cross-encoder and gpu-backend device")
     ap.add_argument("--max-new-tokens", type=int, default=100, help="answer budget (DRAGIN's HotpotQA: 100)")
     ap.add_argument("--deadline-s", type=float, help="start no cell that would end after this (default 450; quick 170)")
+    ap.add_argument("--generator", type=Path, metavar="DIR",
+                    help="a real causal LM directory for every method instead of the random shapes (e.g. gemma-3-270m)")
+    ap.add_argument("--engine", default="auto", help="decode engine: auto, reference or fast (default auto)")
+    ap.add_argument("--clients", type=int, default=8,
+                    help="served path: questions answered at once, decodes batched (default 8; 0 skips it)")
     args = ap.parse_args()
 
     if args.report:
@@ -539,7 +619,12 @@ def main() -> int:
     if not hotpot.is_file():
         print(f"bench_rag_scale: {hotpot} not found (--data-dir: a copy of ../shared/data)", file=sys.stderr)
         return 2
-    for label, v, low in (("--limit", args.limit, 1), ("--batch-rounds", args.batch_rounds, 1),
+    if args.generator is not None and not (args.generator / "config.json").is_file():
+        print(f"bench_rag_scale: --generator {args.generator} is not a model directory (no config.json)",
+              file=sys.stderr)
+        return 2
+    for label, v, low in (("--limit", args.limit, 1), ("--batch-rounds", args.batch_rounds, 1), ("--clients",
+                                                                                                  args.clients, 0),
                           ("--warmup", args.warmup, 0), ("--docs", args.docs, 1000), ("--max-new-tokens",
                                                                                      args.max_new_tokens, 1)):
         if v is not None and v < low:
@@ -557,7 +642,8 @@ def main() -> int:
 
     from ragserve.rag.datasets import read_dataset
     from ragserve.rag.dragin import PUBLISHED
-    from ragserve.rag.generator import resolve_device
+    from ragserve.rag.engines import ENGINE_KINDS
+    from ragserve.rag.generator import Generator, GeneratorError, resolve_device
     from ragserve.rag.methods import build_method
     from ragserve.rag.prompts import PROMPTS_DIR, PromptBuilder, load_exemplars
     from ragserve.rag.rerank import RerankingSearcher
@@ -566,6 +652,9 @@ def main() -> int:
     from synth_layout import QueryMapper, write_layout
     from tools.tiny_models import train_tokenizer
 
+    if args.engine not in ENGINE_KINDS:
+        print(f"bench_rag_scale: --engine must be one of {', '.join(ENGINE_KINDS)}", file=sys.stderr)
+        return 2
     device = resolve_device(args.device)
     if q and not device.startswith("cuda"):
         torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared machine
@@ -573,7 +662,8 @@ def main() -> int:
     log(f"{env.get('gpu', 'no GPU')}; {env['cpus']} x {env['cpu']}; torch {env['torch']}, "
         f"transformers {env['transformers']}; commit {env['commit']}")
     report: dict = {"environment": env, "quick": q, "docs": docs, "questions_per_cell": limit,
-                    "max_new_tokens": args.max_new_tokens, "seeds": {"per_method": SEEDS, **SEEDS_COMMON},
+                    "max_new_tokens": args.max_new_tokens, "clients": args.clients,
+                    "seeds": {"per_method": SEEDS, **SEEDS_COMMON},
                     "setup_s": {}, "cells": [], "skipped": []}
 
     def save() -> None:
@@ -616,21 +706,35 @@ def main() -> int:
     step("tokenizers", t)
     shapes = QUICK if q else {"lm": LLAMA2_7B, "lm2": LLAMA31_8B, "ce": BERT_BASE}
     t = time.time()
-    gen = build_generator(shapes["lm"], lm_tok, device, "random Llama-2-7B shape")
-    step("generator_llama2_7b_shape", t)
+    slots = max(args.clients, 1)
+    if args.generator is not None:
+        try:
+            gen = load_generator(args.generator, device, args.engine, slots)
+        except GeneratorError as e:
+            print(f"bench_rag_scale: {e}", file=sys.stderr)
+            return 2
+        step("generator", t)
+    else:
+        gen = build_generator(shapes["lm"], lm_tok, device, "random Llama-2-7B shape", args.engine, slots)
+        step("generator_llama2_7b_shape", t)
     gen2 = reranker = None
     if "two-stage" in methods:
         t = time.time()
-        gen2 = build_generator(shapes["lm2"], lm_tok, device, "random Llama-3.1-8B shape")
+        gen2 = gen if args.generator is not None else build_generator(shapes["lm2"], lm_tok, device,
+                                                                      "random Llama-3.1-8B shape", args.engine, slots)
         reranker = build_cross_encoder(shapes["ce"], ce_tok, work, device)
-        step("generator_llama31_8b_shape_and_cross_encoder", t)
-    report["models"] = {"tokenizer_vocab": len(lm_tok), "dtype": str(gen.dtype), "generator": shapes["lm"], "generator_two_stage": shapes["lm2"],
+        step("generator_two_stage_and_cross_encoder", t)
+    real = {"path": str(args.generator), "model_type": gen.model.config.model_type,
+            "weights": "random" if gen.name.startswith("random") else "trained"} if args.generator else None
+    report["models"] = {"tokenizer_vocab": len(gen.tokenizer), "dtype": str(gen.dtype),
+                        "generator": real or shapes["lm"], "generator_two_stage": real or shapes["lm2"],
+                        "engine": gen.batching["engine"],
                         "cross_encoder": shapes["ce"], "param_bytes": {
                             "generator": param_bytes(gen.model),
-                            "generator_two_stage": param_bytes(gen2.model) if gen2 else None,
+                            "generator_two_stage": param_bytes(gen2.model) if gen2 and gen2 is not gen else None,
                             "cross_encoder": param_bytes(reranker.model) if reranker else None}}
     probes = {id(gen): GeneratorProbe(gen)}
-    if gen2 is not None:
+    if gen2 is not None and gen2 is not gen:
         probes[id(gen2)] = GeneratorProbe(gen2)
 
     # -- searchers and the mapping
@@ -758,7 +862,39 @@ def main() -> int:
             if b == "cpu" and method.uses_retrieval:
                 add_fpga(report["cells"][-1])
 
-    # -- 2. batch 1 and 8 through the batched decode: none and single
+    # -- 2. served: every method's loop for --clients questions at once, decodes batched
+    served_q = examples[args.warmup:args.warmup + max(args.clients, limit)]
+    for name in [m for m in LOOP_ORDER if m in methods] if args.clients else []:
+        g = gen2 if name == "two-stage" else gen
+        for b in [b for b in ("cpu", "gpu") if b in searchers and (b == "cpu" or name != "none")]:
+            key = f"served/{name}"
+            loop_cell = next((c for c in report["cells"] if c["method"] == name and c["path"] == "loop"
+                              and c["backend"] == b), None)
+            guess = loop_cell["summary"]["seconds_per_question"] * len(served_q) if loop_cell else 60.0
+            if not fits(key, b, durations.get(key, guess)):
+                continue
+            r = retrievers[b]
+            retr = RerankingSearcher(r, reranker, depth=100) if name == "two-stage" else r
+            method = build_method(name, g, prompts, retr, k=3, max_new_tokens=args.max_new_tokens,
+                                  threshold=hp["threshold"], keep=hp["keep"])
+            before = g.batching
+            t1 = time.time()
+            rows = served_rows(method, served_q, args.clients, r if method.uses_retrieval else None)
+            durations[key] = time.time() - t1
+            after = g.batching
+            steps = after["steps"] - before["steps"]
+            cell = {"method": name, "path": "served", "batch": args.clients, "backend": b,
+                    "label": "no retrieval" if name == "none" else labels[b],
+                    "latency_s": {"p50": float(np.percentile([x["latency_s"] for x in rows], 50)),
+                                  "max": max(x["latency_s"] for x in rows)},
+                    "mean_decode_batch": (after["generation_steps"] - before["generation_steps"]) / steps
+                    if steps else 0.0}
+            if loop_cell is not None:  # greedy and batch-invariant: the same answers as one at a time
+                alone = {x["id"]: x["output"] for x in loop_cell["rows"]}
+                cell["same_outputs_as_loop"] = all(alone[x["id"]] == x["output"] for x in rows if x["id"] in alone)
+            record(cell, rows, time.time() - t1)
+
+    # -- 3. batch 1 and 8 through the batched decode: none and single
     warmed = set()
     for name in [m for m in ("single", "none") if m in methods]:
         for batch in (1, 8):

@@ -140,3 +140,23 @@ def test_a_qwen2_model_decodes_sparse_as_dense_at_full_budget():
         with hf.session(get_method("quest", budget=96, sink=16, local=16)) as s:
             greedy()
         assert s.stats()["attended_share"] < 0.4
+
+
+def test_sparse_and_dense_generations_interleave_unchanged():
+    """Generations with their own sparse method step alone inside their context while dense ones batch beside
+    them: each equals the same generation run alone, and each keeps its own attention statistics."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = Generator(str(gqa_lm()), device="cpu")
+    quest = gen.sparse_method("quest", 64, sink=16, local=16)
+    jobs = [quest, None, quest, None]
+    alone = [gen.generate(prompt(), 8, stop="none", attention=m) for m in jobs]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        together = list(pool.map(lambda m: gen.generate(prompt(), 8, stop="none", attention=m), jobs))
+    for m, a, b in zip(jobs, alone, together):
+        assert a.token_ids == b.token_ids
+        if m is None:
+            assert b.attention is None
+        else:
+            assert b.attention["method"] == "quest" and b.attention["layer_steps"] == a.attention["layer_steps"]
+            assert b.attention["attended_share"] == a.attention["attended_share"] < 1.0

@@ -6,6 +6,7 @@ The model is the tiny random Llama of ``tests/rag_support.py``: its answers are 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -224,6 +225,9 @@ def test_metrics_cover_generation(server):
     assert 'ragserve_generation_seconds_count{method="single"}' in text
     assert 'ragserve_answer_stage_seconds_total{method="flare",stage="apply"}' in text
     assert 'ragserve_http_requests_total{endpoint="/v1/answer",method="POST",status="503"}' in text
+    steps = float(re.search(r"^ragserve_decode_engine_steps (\S+)", text, re.M).group(1))
+    advanced = float(re.search(r"^ragserve_decode_generation_steps (\S+)", text, re.M).group(1))
+    assert advanced > steps > 0  # concurrent answers shared decode steps
     assert wait_until(lambda: "ragserve_generation_queue_depth 0.0" in
                       requests.get(server.url + "/metrics", timeout=10).text, 30)
 

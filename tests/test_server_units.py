@@ -45,6 +45,32 @@ def test_generation_jobs_never_overlap_and_keep_order():
     assert sorted(order) == list(range(40))
 
 
+def test_concurrent_jobs_run_up_to_the_concurrency_and_count_as_pending():
+    q = GenerationQueue(max_pending=5, metrics=ServerMetrics(), concurrency=3)
+    gate, lock = threading.Event(), threading.Lock()
+    running, peak = [0], [0]
+
+    def job():
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        gate.wait(10)
+        with lock:
+            running[0] -= 1
+
+    futures = [q.submit(job) for _ in range(5)]  # three run, two wait
+    time.sleep(0.2)
+    assert running[0] == 3 and q.pending == 5
+    with pytest.raises(ApiError) as e:
+        q.submit(job)
+    assert e.value.status == 503
+    gate.set()
+    for f in futures:
+        f.result(5)
+    assert peak[0] == 3 and q.pending == 0
+    q.shutdown()
+
+
 def test_full_queue_is_503_and_recovers():
     m = ServerMetrics()
     q = GenerationQueue(max_pending=2, metrics=m)

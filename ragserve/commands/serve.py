@@ -80,6 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="seconds a request may wait for the backend or the generator, then 504 (default 60)")
     lim.add_argument("--max-pending-answers", type=int, default=8,
                      help="answers queued or running on the generator before 503 (default 8)")
+    lim.add_argument("--concurrent-answers", type=int, default=8, metavar="N",
+                     help="answers generated at once, their decode steps batched into one forward pass; the "
+                          "other pending answers wait (default 8)")
     lim.add_argument("--attention-max-budget", type=int, default=131072, metavar="K",
                      help="largest attention budget a /v1/answer request may set (default 131072)")
     lim.add_argument("--shutdown-grace", type=float, default=30.0,
@@ -124,7 +127,8 @@ def _config(args: argparse.Namespace):
     try:
         return ServerConfig(max_query_chars=args.max_query_chars, max_batch=args.max_batch, max_k=args.max_k,
                             max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout,
-                            max_pending_answers=args.max_pending_answers, api_key=api_key,
+                            max_pending_answers=args.max_pending_answers,
+                            concurrent_answers=args.concurrent_answers, api_key=api_key,
                             max_attention_budget=args.attention_max_budget)
     except ValueError as e:
         raise CliError(str(e)) from e

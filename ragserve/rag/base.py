@@ -2,6 +2,7 @@
 answer extraction (asking the model for the answer when its text lacks "the answer is")."""
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar, Protocol
 
@@ -50,17 +51,21 @@ class RagMethod(ABC):
     def answer(self, question: str, context: list[tuple[str, str]] | None = None) -> tuple[str, Trace]:
         """Generate a chain-of-thought answer, retrieving as the method decides; returns the extracted
         answer and the trace of every step. ``context`` (title, text) documents, a long input, are first read
-        into the retriever's memory (memory as context), which the method's retrievals then recall from."""
+        into the retriever's memory (memory as context), which the method's retrievals then recall from. The
+        generations run in one decode session (the caller's if it opened one), so each prompt is prefilled only
+        past the prefix it shares with the previous one."""
         if not isinstance(question, str) or not question.strip():
             raise MethodError("question must be a non-empty string")
         trace = Trace(question)
         if context is not None:
             self.read_context(trace, context)
-        text, passages = self._run(question, trace)
-        trace.output = text
-        answer = extract_answer(text)
-        if answer is None:
-            answer = self._ask_answer(question, text, passages, trace)
+        session = getattr(self.generator, "session", None)  # a remote generator has none
+        with session() if session is not None else contextlib.nullcontext():
+            text, passages = self._run(question, trace)
+            trace.output = text
+            answer = extract_answer(text)
+            if answer is None:
+                answer = self._ask_answer(question, text, passages, trace)
         trace.answer = answer
         return answer, trace
 
@@ -121,5 +126,5 @@ class RagMethod(ABC):
 
 
 def finished(gen: Generation, text: str) -> bool:
-    """The model ended its answer: EOS, end of the answer line, or the answer given."""
-    return gen.stop in ("eos", "newline") or has_answer(text)
+    """The model ended its answer: EOS, end of the answer line, a stop string, or the answer given."""
+    return gen.stop in ("eos", "newline", "stop") or has_answer(text)

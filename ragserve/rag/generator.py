@@ -1,49 +1,34 @@
-"""A causal LM behind one small interface: greedy generation with per-token log-probabilities and entropies,
-stopping at a line or sentence end, and last-layer attention maps for DRAGIN.
+"""A causal LM behind one small interface: generation with per-token log-probabilities and entropies, stopping at a
+line or sentence end, and last-layer attention maps for DRAGIN.
 
 Any ``AutoModelForCausalLM`` checkpoint loads (a local directory or a hub id already in the local cache):
-bf16 on a GPU, fp32 on the CPU; ``Generator.from_model`` wraps one already in memory. Attention maps need eager
-attention, so the model is switched to eager only for those forward passes and back afterwards.
+bf16 on a GPU, fp32 on the CPU; ``Generator.from_model`` wraps one already in memory. Generations decode through a
+``DecodeEngine`` (``ragserve.rag.engines``: the fast one for the model's architecture, else the reference) driven
+by one batcher thread, so concurrent callers share each forward step (``ragserve.rag.batcher``). Inside
+``Generator.session`` a caller's generations keep one KV cache, and a prompt that starts like the previous one is
+prefilled only from where they differ. Attention maps need eager attention, so the model is switched to eager only
+for those forward passes (on the batcher thread, between steps) and back afterwards.
 """
 from __future__ import annotations
 
 import contextlib
-from contextvars import ContextVar
-from dataclasses import dataclass
+from contextvars import ContextVar, copy_context
 from typing import Iterator
 
 import numpy as np
 import torch
 
+from ragserve.rag.batcher import Batcher, DecodeSession
+from ragserve.rag.decoding import (STOP_MODES, Decode, Generation, GeneratorError, Sampling,  # noqa: F401
+                                   spans_from_lengths, stop_point)
+from ragserve.rag.engines import engine_for
 from ragserve.rag.model_path import model_path_problem
-from ragserve.rag.text import sentence_ends
 
-
-class GeneratorError(ValueError):
-    """The model cannot be loaded or used as asked."""
-
-
-STOP_MODES = ("line", "sentence")
 # The sparse attention a caller chose for the generations run inside ``Generator.attention_scope`` (a server
 # request's), over the generator's own default.
 _SCOPED_ATTENTION: ContextVar = ContextVar("ragserve_scoped_attention", default=None)
-
-
-@dataclass
-class Generation:
-    text: str  # the continuation, cut at the stop point
-    token_ids: list[int]  # tokens kept (each starts before the cut)
-    spans: list[tuple[int, int]]  # character span of each kept token in ``text``
-    logprobs: np.ndarray  # log-probability of each kept token
-    entropies: np.ndarray  # entropy (nats) of the distribution each kept token was chosen from
-    tokens_generated: int  # every token decoded, including any cut off after the stop point
-    prompt_tokens: int
-    stop: str  # eos | newline | sentence | length
-    attention: dict | None = None  # the sparse decoding's method, budget, attended share and stage seconds
-
-    @property
-    def probs(self) -> np.ndarray:
-        return np.exp(self.logprobs)
+# The decode session of the generations run inside ``Generator.session`` (one request's).
+_SESSION: ContextVar[DecodeSession | None] = ContextVar("ragserve_decode_session", default=None)
 
 
 def resolve_device(device: str) -> str:
@@ -54,42 +39,15 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _spans_from_lengths(lengths: list[int], total: int) -> list[tuple[int, int]]:
-    """Token spans from the decoded length after each token (kept monotone: partial UTF-8 bytes can decode
-    to a replacement character that the next token then completes)."""
-    spans, prev = [], 0
-    for n in lengths:
-        end = min(max(n, prev), total)
-        spans.append((prev, end))
-        prev = end
-    return spans
-
-
-def stop_point(text: str, mode: str) -> tuple[int, str] | None:
-    """Where generated ``text`` should be cut, and why: at the first newline after some text, or (mode
-    ``sentence``) also just after the first sentence end."""
-    body = len(text) - len(text.lstrip())
-    if body == len(text):
-        return None
-    cuts = []
-    nl = text.find("\n", body)
-    if nl >= 0:
-        cuts.append((nl, "newline"))
-    if mode == "sentence":
-        ends = [e for e in sentence_ends(text) if e > body]
-        if ends:
-            cuts.append((ends[0], "sentence"))
-    return min(cuts) if cuts else None
-
-
 class Generator:
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", temperature: float = 0.0,
                  seed: int = 0, threads: int = 0, attention: str | None = None, budget: int | None = None,
-                 **attention_options) -> None:
+                 engine: str = "auto", max_slots: int = 32, **attention_options) -> None:
         """``threads`` > 0 sets torch's (process-wide) CPU thread count: one thread is fastest for small
         models on a shared machine, where spinning threads compete for cores. ``attention``: decode with this
         sparse attention method (``ragserve.attention``) and token ``budget``, prefill staying dense; options such
-        as ``page_size`` go to the method."""
+        as ``page_size`` go to the method. ``engine``: the decode engine (``ragserve.rag.engines.ENGINE_KINDS``),
+        ``max_slots`` the generations (or sessions) it holds at once; more wait for a free slot."""
         if problem := model_path_problem(model):
             raise GeneratorError(problem)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -111,18 +69,18 @@ class Generator:
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
         except (OSError, ValueError) as e:
             raise GeneratorError(f"cannot load a causal LM from {model!r}: {e}") from e
-        self._setup(model, temperature, seed)
+        self._setup(model, temperature, seed, engine, max_slots)
         if attention is not None:
             self.attention_method = self.sparse_method(attention, budget, **attention_options)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, device: str | None = None, temperature: float = 0.0,
                    seed: int = 0, name: str = "", attention: str | None = None, budget: int | None = None,
-                   **attention_options) -> "Generator":
+                   engine: str = "auto", max_slots: int = 32, **attention_options) -> "Generator":
         """Wrap a causal LM already built in memory and its tokenizer, e.g. a randomly initialised model made
         with ``from_config`` straight on the GPU, where saving and reloading billions of weights would only cost
         time. The model keeps its dtype; ``device`` (default: where its weights are) is where it runs.
-        ``attention``, ``budget`` and the options: as for the constructor."""
+        ``attention``, ``budget``, ``engine``, ``max_slots`` and the options: as for the constructor."""
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "generation_config"):
             raise GeneratorError("model must be a transformers causal LM (a PreTrainedModel that can generate)")
         if not callable(tokenizer) or not hasattr(tokenizer, "decode"):
@@ -134,18 +92,24 @@ class Generator:
         self.device = resolve_device(device) if device else str(param.device)
         self.dtype = param.dtype
         self.tokenizer, self.model = tokenizer, model
-        self._setup(name or type(model).__name__, temperature, seed)
+        self._setup(name or type(model).__name__, temperature, seed, engine, max_slots)
         if attention is not None:
             self.attention_method = self.sparse_method(attention, budget, **attention_options)
         return self
 
-    def _setup(self, name: str, temperature: float, seed: int) -> None:
+    def _setup(self, name: str, temperature: float, seed: int, engine: str, max_slots: int) -> None:
         """What both constructors share once ``model`` and ``tokenizer`` are set."""
         self.model.to(self.device).eval()
         self.name = name
         self.temperature = temperature
-        self._rng = torch.Generator(device=self.device).manual_seed(seed)
+        self.sampling = Sampling(temperature=temperature)  # a request without its own choices
+        self._rng = torch.Generator(device=self.device).manual_seed(seed)  # their random stream
+        self.engine = engine_for(self.model, self.device, kind=engine, max_slots=max_slots)
+        self._sparse_engine = None  # the reference engine of sparse-attention decodes (the HF model's attention)
+        self._batcher = Batcher()
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
+        if self.max_positions is None or self.engine.max_length < self.max_positions:
+            self.max_positions = self.engine.max_length
         eos = {self.tokenizer.eos_token_id}
         gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
         eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
@@ -165,7 +129,7 @@ class Generator:
             method.check_budget()
         except AttentionError as e:
             raise GeneratorError(str(e)) from e
-        hf.install(self.model)
+        self._batcher.call(lambda: hf.install(self.model))  # between steps: it switches the model's attention
         return method
 
     # -- tokens -----------------------------------------------------------------------------
@@ -185,7 +149,7 @@ class Generator:
         ids = self.tokenizer(text).input_ids
         lengths = [len(self.tokenizer.decode(ids[:i + 1], skip_special_tokens=True)) for i in range(len(ids))]
         decoded = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return ids, decoded, _spans_from_lengths(lengths, len(decoded))
+        return ids, decoded, spans_from_lengths(lengths, len(decoded))
 
     def _fit(self, ids: list[int], room: int) -> list[int]:
         """Drop the oldest tokens (keeping a leading BOS) so ``room`` more positions fit the model."""
@@ -208,75 +172,90 @@ class Generator:
         finally:
             _SCOPED_ATTENTION.reset(token)
 
-    @torch.inference_mode()
-    def generate(self, prompt: str, max_new_tokens: int, stop: str = "line", attention=None) -> Generation:
-        """Decode after ``prompt`` until EOS, ``max_new_tokens`` or the stop point of ``stop`` mode, with the
-        generator's sparse attention or the method ``attention`` (from ``sparse_method``) instead."""
-        method = attention or _SCOPED_ATTENTION.get() or self.attention_method
-        if method is None:
-            return self._generate(prompt, max_new_tokens, stop)
-        from ragserve.attention import hf
+    @contextlib.contextmanager
+    def session(self, sampling: Sampling | None = None) -> Iterator[DecodeSession]:
+        """One request's generations in this context (this thread): one KV cache kept across them (a prompt
+        prefix they share is not prefilled again), ``sampling`` (default: the generator's) and one random stream.
+        Inside a session already open, that one goes on."""
+        outer = _SESSION.get()
+        if outer is not None:
+            yield outer
+            return
+        s = DecodeSession(sampling)
+        token = _SESSION.set(s)
+        try:
+            yield s
+        finally:
+            _SESSION.reset(token)
+            self._batcher.release(s)
 
-        with hf.session(method) as s:
-            g = self._generate(prompt, max_new_tokens, stop)
-        g.attention = s.stats()
-        return g
-
-    def _generate(self, prompt: str, max_new_tokens: int, stop: str) -> Generation:
+    def generate(self, prompt: str, max_new_tokens: int, stop: str = "line", attention=None,
+                 sampling: Sampling | None = None) -> Generation:
+        """Decode after ``prompt`` until EOS, ``max_new_tokens``, the stop point of ``stop`` mode or a stop string,
+        greedy unless ``sampling`` (or the session's) says otherwise, with the generator's sparse attention or the
+        method ``attention`` (from ``sparse_method``) instead. Safe to call from many threads at once."""
         if stop not in STOP_MODES:
             raise GeneratorError(f"stop must be one of {STOP_MODES}")
         if max_new_tokens < 1:
             raise GeneratorError("max_new_tokens must be >= 1")
+        session = _SESSION.get()
+        sampling = sampling or (session.sampling if session is not None else None) or self.sampling
         ids = self._fit(self.tokenizer(prompt).input_ids, max_new_tokens)
-        out = self.model(torch.tensor([ids], device=self.device), use_cache=True)
-        past = out.past_key_values
-        new: list[int] = []
-        logps, ents, lengths = [], [], []
-        reason, cut, text = "length", None, ""
-        for step in range(max_new_tokens):
-            logits = out.logits[0, -1].float()
-            logp = torch.log_softmax(logits, dim=-1)
-            if self.temperature > 0:
-                probs = torch.softmax(logits / self.temperature, dim=-1)
-                tok = int(torch.multinomial(probs, 1, generator=self._rng))
+        decode = Decode(ids, max_new_tokens, stop, sampling, self._random(sampling, session), self.tokenizer,
+                        self.eos_ids)
+        method = attention or _SCOPED_ATTENTION.get() or self.attention_method
+        if method is None:
+            return self._batcher.generate(self.engine, decode, session)
+        from ragserve.attention import hf
+
+        # Sparse decoding runs the HF model's attention function with this generation's session (a context
+        # variable): it steps alone on the reference engine, inside a copy of this context.
+        with hf.session(method) as s:
+            g = self._batcher.generate(self._sparse(), decode, None, copy_context())
+        g.attention = s.stats()
+        return g
+
+    def _random(self, sampling: Sampling, session: DecodeSession | None) -> torch.Generator | None:
+        """The random stream of a sampled generation: the session's own when it has a seed (seeded once, so a
+        request's draws repeat), a fresh one for a seeded call outside a session, else the generator's."""
+        if sampling.temperature == 0:
+            return None
+        if sampling.seed is None:
+            return self._rng
+        if session is None:
+            return torch.Generator(device=self.device).manual_seed(sampling.seed)
+        if session.rng is None:
+            session.rng = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        return session.rng
+
+    def _sparse(self):
+        if self._sparse_engine is None:
+            from ragserve.rag.engines.reference import ReferenceEngine
+
+            if isinstance(self.engine, ReferenceEngine):
+                self._sparse_engine = self.engine
             else:
-                tok = int(torch.argmax(logp))
-            if tok in self.eos_ids:
-                reason = "eos"
-                break
-            new.append(tok)
-            logps.append(logp[tok])
-            ents.append(-(logp.exp() * logp).nansum())
-            text = self.tokenizer.decode(new, skip_special_tokens=True)
-            lengths.append(len(text))
-            hit = stop_point(text, stop)
-            if hit is not None:
-                cut, reason = hit
-                break
-            if step + 1 < max_new_tokens:
-                out = self.model(torch.tensor([[tok]], device=self.device), past_key_values=past, use_cache=True)
-                past = out.past_key_values
-        generated = len(new)
-        if cut is not None:
-            text = text[:cut]
-            starts = [0] + lengths[:-1]
-            n_keep = sum(1 for s in starts if s < cut)
-        else:
-            n_keep = len(new)
-        spans = _spans_from_lengths(lengths[:n_keep], len(text))
-        lp = torch.stack(logps[:n_keep]).cpu().numpy() if n_keep else np.zeros(0, np.float32)
-        en = torch.stack(ents[:n_keep]).cpu().numpy() if n_keep else np.zeros(0, np.float32)
-        return Generation(text=text, token_ids=new[:n_keep], spans=spans, logprobs=lp.astype(np.float64),
-                          entropies=en.astype(np.float64), tokens_generated=generated, prompt_tokens=len(ids),
-                          stop=reason)
+                self._sparse_engine = ReferenceEngine(self.model, self.device, max_slots=self.engine.max_slots)
+        return self._sparse_engine
+
+    @property
+    def batching(self) -> dict:
+        """Engine steps run and the generation steps they advanced (their ratio: the mean batch); seconds in the
+        engine's calls and on the batcher's host work (picking tokens, stop checks)."""
+        b = self._batcher
+        return {"engine": type(self.engine).__name__, "steps": b.steps, "generation_steps": b.stepped,
+                "engine_s": b.engine_s, "host_s": b.host_s}
 
     # -- attention --------------------------------------------------------------------------
-    @torch.inference_mode()
     def attention(self, ids: list[int]) -> np.ndarray:
         """Last-layer attention of one forward pass over ``ids``, averaged over heads: ``A[i, j]`` is how much
         position ``i`` attends to position ``j <= i``."""
         if self.max_positions is not None and len(ids) > self.max_positions:
             raise GeneratorError(f"{len(ids)} tokens exceed the model's {self.max_positions} positions")
+        return self._batcher.call(lambda: self._attention(ids))  # between steps: it switches to eager attention
+
+    @torch.inference_mode()
+    def _attention(self, ids: list[int]) -> np.ndarray:
         previous = self.model.config._attn_implementation
         self.model.set_attn_implementation("eager")
         try:

@@ -1,9 +1,10 @@
-"""``/v1/answer``: RAG methods (``ragserve.rag``) run on the generator's single worker thread.
+"""``/v1/answer``: RAG methods (``ragserve.rag``) run on the generation queue's worker threads, several at once; the
+generator's batcher runs their decode steps together (``ragserve.rag.batcher``).
 
-The model loads on that thread in the background (``/readyz`` is 503 until it is ready). Each request gets
-its own method object; ``StepWatch`` sees every step of its trace as it completes (to stream it as a
-server-sent event) and stops the run at the next step once the request is abandoned (timeout or the
-client went away), so an abandoned answer frees the generator early.
+The model loads on a worker thread in the background (``/readyz`` is 503 until it is ready). Each request gets
+its own method object and decode session (its KV cache kept across its generations); ``StepWatch`` sees every step
+of its trace as it completes (to stream it as a server-sent event) and stops the run at the next step once the
+request is abandoned (timeout or the client went away), so an abandoned answer frees its worker early.
 """
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def _option_kinds() -> dict[str, dict[str, type]]:
 
 
 class AnswerService:
-    """Loads the generator (and the reranker for ``two-stage``) and answers questions, one at a time."""
+    """Loads the generator (and the reranker for ``two-stage``) and answers questions, up to
+    ``config.concurrent_answers`` at once."""
 
     def __init__(self, model: str, searcher: Searcher, config: ServerConfig, metrics: ServerMetrics, *,
                  device: str = "auto", exemplars: str = "multihop.txt", reranker: str | None = None,
@@ -110,7 +112,8 @@ class AnswerService:
         self.methods = [m for m in METHOD_NAMES if m != "two-stage" or reranker]
         self.default_method = DEFAULT_METHOD
         self.option_kinds = _option_kinds()
-        self.queue = GenerationQueue(config.max_pending_answers, metrics)
+        self.queue = GenerationQueue(config.max_pending_answers, metrics,
+                                     min(config.concurrent_answers, config.max_pending_answers))
         self.generator: Generator | None = None
         self.reranking = None  # the two-stage method's retriever; every other method uses the searcher
         self._reranker = (reranker, rerank_depth)
@@ -118,7 +121,7 @@ class AnswerService:
         self.attention = (attention, attention_budget)  # the decode default; a request may choose its own
         self.memory_model, self.memory_options = memory_model, memory_options
         self.memory_embedder = None  # the sentence encoder a request's long context is read with
-        self._loading: Future = self.queue.submit(self._load, bounded=False)  # on the generator's own thread
+        self._loading: Future = self.queue.submit(self._load, bounded=False)  # on a worker thread
 
     # -- loading --------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -141,6 +144,10 @@ class AnswerService:
         self.generator = generator
         log.info("model %s loaded on %s in %.1f s", self.model_name, generator.device, time.perf_counter() - t0)
 
+    def wait_loaded(self) -> bool:
+        """Block until the model has loaded (True) or failed to (False)."""
+        return self._loading.exception() is None
+
     def status(self) -> dict:
         if not self._loading.done():
             return {"state": "loading", "model": self.model_name}
@@ -155,6 +162,11 @@ class AnswerService:
                 "dtype": str(g.dtype).removeprefix("torch.") if g else None,
                 "default_method": self.default_method, "max_new_tokens_limit": self.max_new_tokens,
                 "options": {m: {o: t.__name__ for o, t in self.option_kinds[m].items()} for m in self.methods}}
+
+    def batching(self) -> dict | None:
+        """The generator's decode batching so far (``Generator.batching``); None before it loads or where the
+        generator runs elsewhere."""
+        return getattr(self.generator, "batching", None)
 
     @property
     def pending(self) -> int:
@@ -214,14 +226,16 @@ class AnswerService:
 
     def _run(self, built: tuple[RagMethod, object], req: AnswerRequest, on_step: Callable[[int, Step], None],
              cancel: threading.Event, queued_at: float) -> dict:
-        """The job on the generator thread."""
+        """The job on a worker thread."""
         method, attention = built
         started = time.perf_counter()
         watch = StepWatch(method, on_step, cancel)
         if cancel.is_set():
             raise Abandoned()
+        session = getattr(self.generator, "session", None)  # a remote generator has none
         try:
-            with self.generator.attention_scope(attention) if attention else contextlib.nullcontext():
+            with self.generator.attention_scope(attention) if attention else contextlib.nullcontext(), \
+                    session(req.sampling) if session is not None else contextlib.nullcontext():
                 answer, trace = method.answer(req.question, None if req.context is None else [("", req.context)])
         except (MethodError, GeneratorError) as e:  # e.g. max_new_tokens beyond the model's context
             raise invalid("options", str(e)) from None

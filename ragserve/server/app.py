@@ -182,6 +182,9 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
     def metrics_endpoint() -> Response:
         if answers is not None:
             m.queue.set(answers.pending)
+            if (b := answers.batching()) is not None:
+                m.decode_steps.set(b["steps"])
+                m.decode_advanced.set(b["generation_steps"])
         return Response(m.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
     # The page arrives with its status line filled in (no "connecting..." while /v1/info is fetched), unless the

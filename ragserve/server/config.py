@@ -12,13 +12,14 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
     request_timeout_s: float = 60.0  # waiting for the search backend or the generator, then 504
     max_pending_answers: int = 8  # answers queued or running on the generator; more get 503
+    concurrent_answers: int = 8  # answers running at once (their decode steps batched); the rest of the pending wait
     api_key: str | None = None  # when set, every endpoint but /healthz and the page needs "Bearer <key>"
     sse_keepalive_s: float = 15.0  # comment line sent on an idle event stream so proxies keep it open
     max_attention_budget: int = 131072  # largest sparse-attention token budget a request may ask for
 
     def __post_init__(self) -> None:
         for name in ("max_query_chars", "max_batch", "max_k", "max_body_bytes", "max_pending_answers",
-                     "max_attention_budget"):
+                     "concurrent_answers", "max_attention_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if not self.request_timeout_s > 0:

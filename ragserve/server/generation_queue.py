@@ -1,5 +1,6 @@
-"""One worker thread owns the generator: answers run one at a time, in arrival order, so requests never
-interleave on the model (its KV cache and the GPU memory are not shared between concurrent calls)."""
+"""The answers in progress: up to ``concurrency`` run at once, each on its own worker thread (its RAG loop is ordinary
+code; the generator's batcher steps all their decodes together), the rest wait in arrival order; ``max_pending``
+queued or running is the limit past which a request gets 503."""
 from __future__ import annotations
 
 import threading
@@ -15,8 +16,11 @@ T = TypeVar("T")
 
 
 class GenerationQueue:
-    def __init__(self, max_pending: int, metrics: ServerMetrics) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generator")
+    def __init__(self, max_pending: int, metrics: ServerMetrics, concurrency: int = 1) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="generator")
+        self.concurrency = concurrency
         self._max_pending = max_pending
         self._pending = 0
         self._lock = threading.Lock()

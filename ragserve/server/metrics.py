@@ -165,6 +165,11 @@ class ServerMetrics:
         self.answer_stage = r.counter("ragserve_answer_stage_seconds_total",
                                       "Seconds of answer traces by stage (retrieval, generation, ...) and method.")
         self.queue = r.gauge("ragserve_generation_queue_depth", "Answers queued or running on the generator.")
+        self.decode_steps = r.gauge("ragserve_decode_engine_steps",
+                                    "Decode engine steps run so far (each advances every answer decoding then).")
+        self.decode_advanced = r.gauge("ragserve_decode_generation_steps",
+                                       "Tokens those steps decoded, over all answers (divided by the steps: the mean "
+                                       "batch).")
         self.info = r.gauge("ragserve_info", "Constant 1, labelled with the version, backend, model and worker.")
         self.docs = r.gauge("ragserve_index_documents", "Documents in the loaded index.")
         self.workers = r.gauge("ragserve_server_workers",

@@ -4,10 +4,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragserve.server.config import ServerConfig
 from ragserve.server.errors import ApiError, invalid
+
+if TYPE_CHECKING:  # torch: a search-only server never loads it
+    from ragserve.rag.decoding import Sampling
 
 
 def _no_constants(name: str) -> Any:
@@ -153,6 +156,7 @@ class AnswerRequest:
     attention: dict | None = None  # sparse attention for the decode steps: {"method": M, "budget": K}
     retriever: str | None = None  # the index retriever of the method; None: the server's default
     context: str | None = None  # a long input read into memory; the method then retrieves from it
+    sampling: Sampling | None = None  # temperature, top_p, seed, stop strings (set by code; default greedy)
 
 
 ANSWER_FIELDS = {"question", "method", "stream", "options", "timeout_s", "attention", "retriever", "context"}

@@ -119,9 +119,9 @@ class Warmup:
     def _generate(self) -> None:
         answers = self.answers
         assert answers is not None
-        # Queued behind the model load on the generator's single thread, so it runs right after it.
-        result = answers.queue.submit(lambda: answers.generator and answers.generator.generate("Hello", 2),
+        # Right after the model load (on another worker thread of the queue).
+        result = answers.queue.submit(lambda: answers.wait_loaded() and answers.generator.generate("Hello", 2),
                                       bounded=False).result()
-        if result is None:
+        if not result:
             state = answers.status()
             raise WarmupError(f"cannot load the model {answers.model_name}: {state.get('error', state['state'])}")

@@ -1,0 +1,239 @@
+"""Continuous batching: one thread owns the decode engines and advances every generation in flight by one token
+per engine step, whichever thread asked for it.
+
+A request's RAG loop stays ordinary code in its own thread; each ``Generator.generate`` hands a ``Decode`` (the
+generation's state machine) to the batcher and waits. Between steps the batcher runs the exclusive calls (an
+attention-map pass, installing an attention function), admits new generations (prefill: a request's session keeps
+its slot, so only the prompt past the prefix it already holds is prefilled) and drops finished ones; then all
+generations decoding on an engine go through ONE ``engine.step``. A row does not depend on which others share the
+step, so an answer is the same however requests interleave. A generation that carries its own ``contextvars``
+context (sparse attention's session) steps alone, inside that context.
+"""
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, TypeVar
+
+import torch
+
+from ragserve.rag.decoding import Decode, Generation, GeneratorError, Sampling
+from ragserve.rag.engine import DecodeEngine
+
+T = TypeVar("T")
+
+
+class DecodeSession:
+    """A request's decode state kept across its generations: a slot whose cache holds ``cached`` (so a prompt that
+    repeats the previous prompt's prefix is prefilled from where they differ), its sampling choices and its random
+    stream. Only the batcher thread touches ``slot`` and ``cached``."""
+
+    def __init__(self, sampling: Sampling | None = None) -> None:
+        self.sampling = sampling
+        self.rng: torch.Generator | None = None
+        self.engine: DecodeEngine | None = None
+        self.slot: int | None = None
+        self.cached: list[int] = []
+
+
+@dataclass
+class _Job:
+    engine: DecodeEngine
+    decode: Decode
+    session: DecodeSession
+    ephemeral: bool  # the session lives for this generation only
+    ctx: contextvars.Context | None
+    future: Future = field(default_factory=Future)
+    next: int | None = None  # the token to feed at the next step
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Batcher:
+    """``idle_s``: the thread ends after this long with nothing to do (and starts again on the next request)."""
+
+    def __init__(self, idle_s: float = 2.0) -> None:
+        self.idle_s = idle_s
+        self._cond = threading.Condition()
+        self._new: deque[_Job] = deque()
+        self._calls: deque[tuple[Callable[[], object], Future]] = deque()
+        self._thread: threading.Thread | None = None
+        self._open: dict[int, int] = {}  # id(engine) -> slots open
+        self._freed = False  # a slot was closed since the waiting generations last tried to get one
+        self.steps = 0  # engine steps run
+        self.stepped = 0  # generation steps they advanced (stepped / steps: the mean batch)
+        self.engine_s = 0.0  # seconds in the engines' prefill and step calls
+        self.host_s = 0.0  # seconds picking tokens and checking stops (the rows' log-softmax, the detokenizing)
+
+    # -- the requests' side ---------------------------------------------------------------------
+    def generate(self, engine: DecodeEngine, decode: Decode, session: DecodeSession | None = None,
+                 ctx: contextvars.Context | None = None) -> Generation:
+        """Run ``decode`` to its end with the others in flight (``session``: the request's slot, else a slot of its
+        own for this generation; ``ctx``: step alone inside this context)."""
+        if session is not None and session.engine not in (None, engine):
+            raise GeneratorError("a decode session stays on one engine")
+        job = _Job(engine, decode, session or DecodeSession(), session is None, ctx)
+        with self._cond:
+            self._new.append(job)
+            self._wake()
+        return job.future.result()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the batcher thread between two steps (nothing else touches the model meanwhile)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        fut: Future = Future()
+        with self._cond:
+            self._calls.append((fn, fut))
+            self._wake()
+        return fut.result()
+
+    def release(self, session: DecodeSession) -> None:
+        """Free the session's slot (its request is done)."""
+        if session.slot is not None:
+            self.call(lambda: self._close(session))
+
+    def _wake(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ragserve-batcher", daemon=True)
+            self._thread.start()
+        self._cond.notify()
+
+    # -- the batcher thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        active: list[_Job] = []
+        waiting: list[_Job] = []  # admitted once a slot of their engine frees up
+        try:
+            with torch.inference_mode():
+                self._loop(active, waiting)
+        except BaseException as e:  # a bug here must not leave callers waiting forever
+            with self._cond:
+                self._thread = None
+                jobs = active + waiting + list(self._new)
+                calls, self._new, self._calls = list(self._calls), deque(), deque()
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(e)
+            for _, fut in calls:
+                fut.set_exception(e)
+            raise
+
+    def _loop(self, active: list[_Job], waiting: list[_Job]) -> None:
+        while True:
+            with self._cond:
+                while not (self._new or self._calls or active or (waiting and self._freed)):
+                    if not self._cond.wait(self.idle_s) and not (self._new or self._calls):
+                        if not waiting:
+                            self._thread = None
+                            return
+                new, self._new = list(self._new), deque()
+                calls, self._calls = list(self._calls), deque()
+            for fn, fut in calls:
+                self._settle(fut, fn)
+            waiting += new
+            self._freed = False
+            still = []
+            for job in list(waiting):
+                if job.session.slot is None and self._open.get(id(job.engine), 0) >= job.engine.max_slots:
+                    still.append(job)
+                    continue
+                try:
+                    self._admit(job)
+                except Exception as e:  # this generation fails; the others go on
+                    self._fail(job, e)
+                    continue
+                if job.next is None:
+                    self._finish(job)
+                else:
+                    active.append(job)
+            waiting[:] = still
+            if active:
+                active[:] = self._step(active)
+
+    def _admit(self, job: _Job) -> None:
+        """Open (or reuse) the slot and prefill the prompt past the prefix the slot already holds."""
+        s, engine, ids = job.session, job.engine, job.decode.ids
+        if s.slot is None:
+            s.slot, s.engine, s.cached = engine.open(), engine, []
+            self._open[id(engine)] = self._open.get(id(engine), 0) + 1
+        keep = min(common_prefix(s.cached, ids), len(ids) - 1)
+        engine.truncate(s.slot, keep)
+        s.cached = s.cached[:keep]
+        t0 = time.perf_counter()
+        row = self._in(job, engine.prefill, s.slot, ids[keep:])
+        t1 = time.perf_counter()
+        s.cached = list(ids)
+        job.next = job.decode.feed(row)
+        self.engine_s += t1 - t0
+        self.host_s += time.perf_counter() - t1
+
+    def _step(self, active: list[_Job]) -> list[_Job]:
+        """One token for every active generation: one ``engine.step`` per engine (a generation with its own
+        context alone); the unfinished ones."""
+        groups: dict[int, list[_Job]] = {}
+        for job in active:
+            groups.setdefault(id(job) if job.ctx is not None else id(job.engine), []).append(job)
+        still = []
+        for jobs in groups.values():
+            engine = jobs[0].engine
+            t0 = time.perf_counter()
+            try:
+                rows = self._in(jobs[0], engine.step, [j.session.slot for j in jobs], [j.next for j in jobs])
+            except Exception as e:
+                for j in jobs:
+                    self._fail(j, e)
+                continue
+            t1 = time.perf_counter()
+            self.engine_s += t1 - t0
+            self.steps += 1
+            self.stepped += len(jobs)
+            for j, row in zip(jobs, rows):
+                j.session.cached.append(j.next)
+                try:
+                    j.next = j.decode.feed(row)
+                except Exception as e:
+                    self._fail(j, e)
+                    continue
+                if j.next is None:
+                    self._finish(j)
+                else:
+                    still.append(j)
+            self.host_s += time.perf_counter() - t1
+        return still
+
+    @staticmethod
+    def _in(job: _Job, fn: Callable, *args):
+        return job.ctx.run(fn, *args) if job.ctx is not None else fn(*args)
+
+    def _finish(self, job: _Job) -> None:
+        if job.ephemeral:
+            self._close(job.session)
+        self._settle(job.future, job.decode.result)
+
+    def _fail(self, job: _Job, error: Exception) -> None:
+        self._close(job.session)  # its cache may be half-written: a session starts over in a fresh slot
+        job.future.set_exception(error)
+
+    def _close(self, s: DecodeSession) -> None:
+        if s.slot is not None:
+            s.engine.close(s.slot)
+            self._open[id(s.engine)] -= 1
+            self._freed = True
+        s.slot, s.cached = None, []
+
+    @staticmethod
+    def _settle(fut: Future, fn: Callable[[], object]) -> None:
+        try:
+            fut.set_result(fn())
+        except Exception as e:
+            fut.set_exception(e)
