@@ -11,6 +11,7 @@ clients ignore; a request may send its own ``ragserve`` object (method options, 
 from __future__ import annotations
 
 import base64
+import json
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -126,7 +127,7 @@ def _same(value: Any, neutral: Any) -> bool:
 def _check_neutral(body: dict) -> None:
     for name, neutral in NEUTRAL.items():
         if name in body and body[name] is not None and not any(_same(body[name], n) for n in neutral):
-            allowed = " or ".join(["null", *(repr(v) for v in neutral)])
+            allowed = " or ".join(["null", *(json.dumps(v) for v in neutral)])
             raise unsupported(name, f"is not supported by ragserve; send {allowed} or leave it out")
     for name in IDENTIFIERS:
         if body.get(name) is not None and not isinstance(body[name], str):
@@ -185,8 +186,8 @@ class Common:
             if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
                 raise bad("stream_options", 'stream_options must be {"include_usage": true|false}')
             self.include_usage = opts.get("include_usage") is True
-        limit = answers.max_new_tokens
-        tokens = {n: _integer(body, n, 1, limit) for n in ("max_tokens", max_tokens_field) if n in body}
+        tokens = {n: self._max_tokens(body, n, answers.max_new_tokens) for n in ("max_tokens", max_tokens_field)
+                  if n in body}
         given = {n: v for n, v in tokens.items() if v is not None}
         if len(set(given.values())) > 1:
             raise bad(max_tokens_field, f"max_tokens and {max_tokens_field} disagree; send one of them")
@@ -206,6 +207,15 @@ class Common:
                                                              "ragserve.options.max_new_tokens")
             self.options["max_new_tokens"] = next(iter(given.values()))
         self.retriever = ext.get("retriever")
+
+    @staticmethod
+    def _max_tokens(body: dict, name: str, limit: int) -> int | None:
+        try:
+            return _integer(body, name, 1, limit)
+        except ApiError as e:
+            if e.code == "invalid_value":
+                e.message += f" (this server's --max-new-tokens is {limit})"
+            raise
 
     def answer_body(self, question: Any) -> dict:
         body = {"question": question, "method": self.method, "options": self.options}
