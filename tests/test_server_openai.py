@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import openai
 import pytest
@@ -231,5 +232,39 @@ def test_embeddings_from_the_dense_encoder(wiki300_dense, minilm):
         assert e.value.param == "input[0]"
         with pytest.raises(openai.NotFoundError):
             c.chat.completions.create(model="ragserve/single", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        srv.terminate()
+
+
+@pytest.mark.slow
+def test_gemma_on_the_demo_corpus_through_the_openai_client(gemma_dir, tmp_path):
+    """The real generator (google/gemma-3-270m) over the demo's Wikipedia sample: a right answer with its
+    citations through the openai client, synchronous and streamed."""
+    from tests.serverproc import run_cli
+
+    index = tmp_path / "demo"
+    dump = next((Path(__file__).resolve().parents[1] / "corpora" / "demo").glob("*.xml*.bz2"))
+    built = run_cli("index", str(dump), "--format", "mediawiki", "--out", str(index), timeout=300)
+    assert built.returncode == 0, built.stderr
+    prompts = tmp_path / "one.txt"
+    prompts.write_text("Question: Who wrote Pride and Prejudice?\nAnswer: Pride and Prejudice was written by "
+                       "Jane Austen. So the answer is Jane Austen.\n")
+    srv = ServerProcess("--index", str(index), "--model", str(gemma_dir), "--device", "cpu", "--api-key", KEY,
+                        "--exemplars", str(prompts), "--request-timeout", "600")
+    try:
+        assert wait_until(lambda: requests.get(srv.url + "/readyz", headers=AUTH, timeout=5).status_code == 200,
+                          300, 0.5), srv.log()
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=600)
+        question = [{"role": "user", "content": "Who was the commander of Apollo 11?"}]
+        r = c.chat.completions.create(model="ragserve/single", max_tokens=24, messages=question)
+        ext = r.model_extra["ragserve"]
+        assert "Armstrong" in r.choices[0].message.content and "Armstrong" in ext["answer"]
+        assert any(cite["title"] == "Apollo 11" for cite in ext["citations"]) and len(ext["citations"]) == 3
+        assert r.usage.prompt_tokens > 100 and 0 < r.usage.completion_tokens <= 24 + 24
+        chunks = list(c.chat.completions.create(model="ragserve/single", max_tokens=24, messages=question,
+                                                stream=True, stream_options={"include_usage": True}))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
+            r.choices[0].message.content  # greedy: the same answer
+        assert chunks[-1].usage.model_dump() == r.usage.model_dump()
     finally:
         srv.terminate()
