@@ -173,7 +173,7 @@ class Common:
         top_p = _number(body, "top_p", 0, 1)
         if top_p == 0:
             raise bad("top_p", "top_p must be above 0")
-        self.seed = _integer(body, "seed", -(2 ** 63), 2 ** 63 - 1)
+        _integer(body, "seed", -(2 ** 63), 2 ** 63 - 1)  # checked only: greedy decoding draws nothing
         self.stop = _stop(body)
         self.stream = body.get("stream", False) is True
         if body.get("stream") not in (None, True, False):
@@ -192,7 +192,7 @@ class Common:
         if len(set(given.values())) > 1:
             raise bad(max_tokens_field, f"max_tokens and {max_tokens_field} disagree; send one of them")
         self.max_tokens_param = next(iter(given), max_tokens_field)
-        ext = body.get("ragserve", {})
+        ext = body.get("ragserve") or {}
         if not isinstance(ext, dict):
             raise bad("ragserve", f"ragserve must be an object, got {_json_type(ext)}", code="invalid_type")
         check_fields_openai(ext, EXTENSION_FIELDS, "ragserve.")
