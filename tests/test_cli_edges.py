@@ -53,6 +53,9 @@ def test_eval_usage_needs_no_action():
     usage = out[:out.index("\n\n")]
     assert "ACTION" not in usage and usage.startswith("usage: ragserve eval --dataset FILE --method M")
     assert "ragserve eval build-index" in usage and "ragserve eval report ROWS.jsonl" in usage
+    err = run_cli("eval", "report").stderr  # the sub-commands keep their own names in errors
+    assert err.startswith("ragserve eval report: error: the following arguments are required") and \
+        err.count("\n") == 1
 
 
 def test_wrong_format_quotes_a_short_excerpt(tmp_path):

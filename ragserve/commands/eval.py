@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--keep", type=int, help="dragin: QFS query words (default: DRAGIN's per dataset)")
     p.set_defaults(func=run)
 
-    sub = p.add_subparsers(dest="eval_action", metavar="ACTION",
+    sub = p.add_subparsers(dest="eval_action", metavar="ACTION", prog="ragserve eval",  # not the usage block
                            help="optional: build-index or report (without one, eval runs a method)")
     b = sub.add_parser("build-index", help="index a dataset's own paragraphs (closed corpus)",
                        description="Write the distinct context paragraphs of a dataset to a JSONL corpus "
