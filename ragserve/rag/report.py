@@ -117,7 +117,7 @@ def _colour(i: int) -> str:
 def quality_chart(groups: list[Group], sums: list[dict]) -> str:
     """EM and F1 per method as bars with their 95% intervals as whiskers."""
     bar, gap, left, top, h = 22, 26, 150, 20, 180
-    width = left + 320
+    width = left + 380  # the scale's 300 px, whisker labels and the last tick's "100%"
     height = top + len(groups) * (2 * bar + gap) + 30
     x = lambda v: left + 300 * v  # noqa: E731 - a scale
     out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
@@ -184,7 +184,7 @@ def stage_chart(groups: list[Group], sums: list[dict]) -> str:
     """Where each method's time went: its stage shares as one 100% stacked bar."""
     left, bar, w = 150, 24, 420
     height = 20 + len(groups) * (bar + 12) + 30
-    width = left + w + 90
+    width = left + w + 230
     out = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
            'aria-label="share of time per memory-pipeline stage">']
     y = 12
@@ -201,7 +201,9 @@ def stage_chart(groups: list[Group], sums: list[dict]) -> str:
                 out.append(f'<text x="{x0 + wid / 2:.1f}" y="{y + bar / 2 + 4}" class="inbar" '
                            f'text-anchor="middle">{pct(share)}%</text>')
             x0 += wid
-        out.append(f'<text x="{left + w + 6}" y="{y + bar / 2 + 4}" class="value">{s["seconds"]:.2f} s/q</text>')
+        memory = 1.0 - s["shares"]["apply"]  # the three memory-access stages: often too thin to see
+        out.append(f'<text x="{left + w + 6}" y="{y + bar / 2 + 4}" class="value">{s["seconds"]:.2f} s/q · '
+                   f'retrieval stages {100 * memory:.2g}%</text>')
         y += bar + 12
     lx = left
     for st in STAGES:
