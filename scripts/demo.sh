@@ -19,6 +19,6 @@ if [ ! -f "$INDEX/manifest.json" ]; then
   "$RAGSERVE" index corpora/demo/*.xml*.bz2 --format mediawiki --out "$INDEX" --overwrite
 fi
 echo "demo: serving $INDEX; open http://127.0.0.1:${PORT:-8080}/ once /readyz says ready (the first start" \
-     "compiles the search kernels, about 13 s), or try:"
+     "compiles the search kernels, 13-85 s on a 2-core machine, by its load), or try:"
 echo "  curl -s localhost:${PORT:-8080}/v1/search -H 'Content-Type: application/json' -d '{\"query\": \"theory of relativity\", \"k\": 3}'"
 exec "$RAGSERVE" serve --index "$INDEX" --port "${PORT:-8080}"

@@ -30,7 +30,8 @@ def read_dpr_tsv(ctx: ReadContext, compression: str | None) -> Iterator[Document
         line = rows.line_num
         if not header_seen:
             if [c.strip().lstrip("\ufeff") for c in row] != DPR_HEADER:
-                raise ctx.fatal(f"not a DPR passage TSV: the header is {row!r}, expected {DPR_HEADER!r}", start)
+                raise ctx.fatal(f"not a DPR passage TSV (header id<TAB>text<TAB>title): the first line is "
+                                f"{_excerpt(row)}{_json_hint(row)}", start)
             header_seen = True
             continue
         if not row:  # a blank line
@@ -45,6 +46,17 @@ def read_dpr_tsv(ctx: ReadContext, compression: str | None) -> Iterator[Document
             continue
         ctx.stats.records += 1
         yield Document(doc_id.strip(), title, text)
+
+
+def _excerpt(row: list[str], limit: int = 60) -> str:
+    """The start of a record, quoted: a whole passage (thousands of characters) would bury the message."""
+    text = "\t".join(row)
+    return repr(text[:limit]) + "..." if len(text) > limit else repr(text)
+
+
+def _json_hint(row: list[str]) -> str:
+    return "; this looks like JSON lines: try --format jsonl" if row and \
+        row[0].lstrip().startswith("{") else ""
 
 
 def _span(start: int, end: int) -> str:

@@ -1,7 +1,19 @@
 """The sub-commands of ``ragserve`` (one module each) and what several of them share."""
 from __future__ import annotations
 
+import argparse
+
 from ragserve.cli import CliError
+
+# The retrieval backend's default, for every command that takes --backend (search, eval, serve): the fastest
+# this machine has. Every backend returns the same ids and scores, so the choice changes speed only.
+DEFAULT_BACKEND = "auto"
+BACKEND_HELP = ("retrieval backend: auto (the default: gpu where a CUDA GPU is usable, else cpu), cpu, gpu, "
+                "fpga (with --xclbin) or fpga-sim")
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default=DEFAULT_BACKEND, help=BACKEND_HELP)
 
 
 def check_backend(name: str, device_option: bool = False) -> None:

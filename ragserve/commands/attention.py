@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "seeded), run the method's four stages and dense attention, and print the "
                                     "tokens attended, the output error, the dense softmax mass on the selection "
                                     "and the stage times in seconds.")
-    c.add_argument("--method", required=True, choices=METHOD_NAMES)
+    c.add_argument("--method", required=True, choices=METHOD_NAMES, help="sparse attention method to check")
     c.add_argument("--context", type=int, required=True, metavar="N", help="cached tokens")
     c.add_argument("--budget", type=int, required=True, metavar="K",
                    help="tokens attended per KV group, sink and local window included")
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--threshold", type=float, default=1e-3, help="seer-threshold gate probability (default 1e-3)")
     c.add_argument("--device", default="cpu", help="cpu (default), cuda or fpga-sim")
     c.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16 (cuda)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="seed of the random cache and query (default 0)")
     c.add_argument("--json", action="store_true", help="print one JSON object (default: key=value lines)")
     c.set_defaults(func=run_check)
 

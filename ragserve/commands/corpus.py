@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                     "(see indexer/synth.py). Same seed, same bytes.")
     sy.add_argument("--docs", type=int, required=True, help="number of passages")
     sy.add_argument("--out", required=True, help="output .jsonl or .jsonl.gz")
-    sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("--seed", type=int, default=0, help="random seed (default 0; same seed, same bytes)")
     sy.add_argument("--length", type=float, help="mean passage length in tokens (default: fitted, ~101)")
     sy.add_argument("--length-std", type=float, help="standard deviation of the passage length (default: fitted)")
     sy.add_argument("--queries", type=int, default=0, help="also write this many queries drawn from passages")

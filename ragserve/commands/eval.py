@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ragserve.cli import CliError, output_path
-from ragserve.commands import check_backend
+from ragserve.commands import add_backend_arg, check_backend
 from ragserve.rag.model_path import model_path_problem
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
@@ -22,18 +22,22 @@ def _family(fmt: str) -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "eval", help="evaluate a RAG method on a QA dataset (or: eval build-index)",
+        "eval", help="evaluate a RAG method on a QA dataset (or: eval build-index, eval report)",
+        usage="ragserve eval --dataset FILE --method M [--model PATH] [--index DIR] [--out JSONL] [options]\n"
+              "       ragserve eval build-index --dataset FILE --out DIR [options]\n"
+              "       ragserve eval report ROWS.jsonl [ROWS.jsonl ...] --out report.html",
         description="Answer each question of a dataset with a RAG method over a BM25 index, writing one JSON "
                     "line per question to --out as it goes (rerunning resumes after the ids already there), "
                     "then print EM/F1/precision/recall, supporting-passage recall, retrievals and tokens per "
                     "question and the time share of each memory-pipeline stage. "
-                    "'ragserve eval build-index' indexes a dataset's own paragraphs (closed corpus).")
+                    "'ragserve eval build-index' indexes a dataset's own paragraphs (closed corpus); "
+                    "'ragserve eval report' turns the --out files of runs into one HTML page.")
     p.add_argument("--dataset", metavar="FILE", help="dataset file in its native format")
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help="dataset format (default: detect)")
     p.add_argument("--method", choices=METHOD_CHOICES, help="RAG method")
     p.add_argument("--model", metavar="PATH", help="causal LM: local directory or cached hub id")
     p.add_argument("--index", metavar="DIR", help="index (needed by every method but 'none', unless --memory)")
-    p.add_argument("--backend", default="cpu", help="retrieval backend: cpu (default), gpu or auto")
+    add_backend_arg(p)
     p.add_argument("--device", default="auto", help="generator device: auto, cpu, cuda, cuda:0 ...")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--limit", type=int, help="first N questions only")
@@ -58,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="re-score the first stage's top-N with a model (two-stage; any method): a cross-encoder, "
                         "or a sentence encoder (bi-encoder)")
     r.add_argument("--rerank-depth", type=int, default=100, help="first-stage candidates for the reranker (default 100)")
-    r.add_argument("--reranker-device", default="auto")
+    r.add_argument("--reranker-device", default="auto", help="device of the reranker (default auto)")
     from ragserve.commands.retrieval_options import add_retriever_args
 
     add_retriever_args(p, rerank=False)
@@ -83,18 +87,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--keep", type=int, help="dragin: QFS query words (default: DRAGIN's per dataset)")
     p.set_defaults(func=run)
 
-    sub = p.add_subparsers(dest="eval_action", metavar="ACTION")
+    sub = p.add_subparsers(dest="eval_action", metavar="ACTION", prog="ragserve eval",  # not the usage block
+                           help="optional: build-index or report (without one, eval runs a method)")
     b = sub.add_parser("build-index", help="index a dataset's own paragraphs (closed corpus)",
                        description="Write the distinct context paragraphs of a dataset to a JSONL corpus "
                                    "(BEIR fields _id/title/text) and build a BM25 index of it.")
-    b.add_argument("--dataset", metavar="FILE", required=True)
-    b.add_argument("--format", default="auto", choices=FORMAT_CHOICES)
+    b.add_argument("--dataset", metavar="FILE", required=True, help="dataset file in its native format")
+    b.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help="dataset format (default: detect)")
     b.add_argument("--out", metavar="DIR", required=True, help="index directory to create")
     b.add_argument("--corpus", metavar="JSONL", help="corpus file to write (default: <DIR>.corpus.jsonl)")
     b.add_argument("--limit", type=int, help="paragraphs of the first N questions only")
-    b.add_argument("--overwrite", action="store_true")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing index at --out")
     b.add_argument("--workers", type=int, default=0, help="analysis processes (0: one per core)")
     b.set_defaults(func=run_build_index)
+    rp = sub.add_parser("report", help="one self-contained HTML page from evaluation rows",
+                        description="Read the per-question JSONL files of 'ragserve eval --out' (one or more "
+                                    "runs, any methods) and write one HTML file (inline SVG and CSS, no "
+                                    "script): EM and F1 per method with 95%% confidence intervals, EM against "
+                                    "retrievals per question, stage-time shares, the slowest and the wrong "
+                                    "answers with their passages.")
+    rp.add_argument("rows", nargs="+", metavar="ROWS.jsonl", help="per-question results of ragserve eval --out")
+    rp.add_argument("--out", required=True, metavar="HTML", help="report file to write")
+    rp.add_argument("--examples", type=int, default=6,
+                    help="slowest answers shown, and wrong answers shown per method (default 6)")
+    rp.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from ragserve.rag.report import ReportError, write_report
+
+    if args.examples < 0:
+        raise CliError(f"--examples must be at least 0, got {args.examples}")
+    out = output_path(args.out, "report")
+    try:
+        done = write_report(args.rows, out, args.examples)
+    except ReportError as e:
+        raise CliError(str(e)) from e
+    print(f"wrote {out}: {done['rows']} answers by {', '.join(done['methods'])} ({done['bytes']:,} bytes)")
+    return 0
 
 
 def _read(args: argparse.Namespace):

@@ -9,7 +9,7 @@ from ragserve.cli import CliError
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="describe an index", description="Print an index's manifest.")
-    p.add_argument("index", metavar="DIR")
+    p.add_argument("index", metavar="DIR", help="index directory (ragserve index)")
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
     p.add_argument("--verify", action="store_true", help="recompute every file's SHA-256")
     p.set_defaults(func=run)

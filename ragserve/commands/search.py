@@ -7,7 +7,7 @@ import sys
 import time
 
 from ragserve.cli import CliError, output_path
-from ragserve.commands import check_backend
+from ragserve.commands import add_backend_arg, check_backend
 
 BATCH = 256  # queries per backend call in file mode
 
@@ -19,11 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "--queries, writes a TREC run (qid Q0 docid rank score tag) with the corpus's "
                                    "own doc ids.")
     p.add_argument("query", nargs="?", help="query text (omit with --queries)")
-    p.add_argument("--index", required=True, metavar="DIR")
+    p.add_argument("--index", required=True, metavar="DIR", help="index directory (ragserve index)")
     p.add_argument("-k", type=int, default=10, help="hits per query (1..10000, default 10)")
     p.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: the index's, 0.9)")
     p.add_argument("--b", type=float, default=None, help="BM25 b (default: the index's, 0.4)")
-    p.add_argument("--backend", default="cpu", help="cpu (default), gpu, fpga, fpga-sim or auto")
+    add_backend_arg(p)
     p.add_argument("--json", action="store_true", help="print hits as JSON")
     p.add_argument("--queries", metavar="FILE", help="query file: TSV id<TAB>text, BEIR/JSONL queries, or text")
     p.add_argument("--output", metavar="RUN", help="TREC run file to write (default: stdout)")
@@ -67,9 +67,12 @@ def _distributed_searcher(args: argparse.Namespace, opts: dict):
     try:
         from ragserve.distributed.shards import DistributedSearcher, GroupOptions
 
+        from ragserve.kernels.registry import resolve_backend_name
+
+        backend = resolve_backend_name(args.backend)  # the actors reserve a GPU only for the gpu backend
         return DistributedSearcher(args.index, ray=args.ray, groups=args.ray_groups or None,
-                                   options=GroupOptions(backend=args.backend, backend_options=opts,
-                                                        num_gpus=1.0 if args.backend == "gpu" else 0.0))
+                                   options=GroupOptions(backend=backend, backend_options=opts,
+                                                        num_gpus=1.0 if backend == "gpu" else 0.0))
     except (RayUnavailable, ValueError) as e:
         raise CliError(str(e)) from e
 

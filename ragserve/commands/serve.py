@@ -9,7 +9,7 @@ import sys
 import threading
 
 from ragserve.cli import CliError
-from ragserve.commands import check_backend
+from ragserve.commands import add_backend_arg, check_backend
 from ragserve.rag.model_path import model_path_problem
 
 ENV_API_KEY = "RAGSERVE_API_KEY"
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "non-loopback bind needs an API key. SIGTERM finishes in-flight requests.")
     p.add_argument("--index", required=True, metavar="DIR", help="index directory (ragserve index)")
     p.add_argument("--model", metavar="PATH", help="generator model directory; without it /v1/answer is off")
-    p.add_argument("--backend", default="auto", help="auto (default: gpu if usable, else cpu), cpu, gpu, fpga, fpga-sim")
+    add_backend_arg(p)
     p.add_argument("--xclbin", help="FPGA bitstream for --backend fpga")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")

@@ -14,6 +14,7 @@ from ragserve import __version__
 from ragserve.kernels.contract import SearchError
 from ragserve.retrieval.factory import RetrieverSet
 from ragserve.retrieval.searcher import Searcher
+from ragserve.server import openai_api
 from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
 from ragserve.server.errors import ApiError, body_too_large, invalid, unauthorized
@@ -59,6 +60,10 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
     m.docs.set(searcher.index.num_docs)
     m.workers.set(worker.count)
 
+    def error_response(e: ApiError) -> Response:
+        """ragserve's error shape, or OpenAI's on the OpenAI-compatible endpoints (their clients parse it)."""
+        return openai_api.error_response(e) if openai_api.is_openai_path(request.path) else e.response()
+
     # -- request bookkeeping ------------------------------------------------------------------
     @app.before_request
     def _start() -> Response | None:
@@ -66,7 +71,7 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
         request.environ[ENDPOINT_KEY] = request.url_rule.rule if request.url_rule is not None else "unmatched"
         if config.api_key and request.endpoint not in OPEN_ENDPOINTS:
             if not bearer_matches(request.headers.get("Authorization"), config.api_key):
-                return unauthorized().response()
+                return error_response(unauthorized())
         return None
 
     @app.after_request
@@ -77,11 +82,11 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
     # -- errors: always JSON, never a 500 for input ----------------------------------------------
     @app.errorhandler(ApiError)
     def _api_error(e: ApiError) -> Response:
-        return e.response()
+        return error_response(e)
 
     @app.errorhandler(RequestEntityTooLarge)
     def _too_large(_e: RequestEntityTooLarge) -> Response:
-        return body_too_large(config).response()
+        return error_response(body_too_large(config))
 
     @app.errorhandler(HTTPException)
     def _http_error(e: HTTPException) -> Response:
@@ -90,12 +95,12 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
         message = {404: f"no such endpoint: {request.path}",
                    405: f"{request.method} is not allowed on {request.path}; allowed: {headers.get('Allow', '')}",
                    }.get(e.code or 0, e.description or e.name)
-        return ApiError(e.code or 500, code, message, headers=headers).response()
+        return error_response(ApiError(e.code or 500, code, message, headers=headers))
 
     @app.errorhandler(Exception)
     def _internal(e: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return ApiError(500, "internal_error", f"internal server error: {type(e).__name__}").response()
+        return error_response(ApiError(500, "internal_error", f"internal server error: {type(e).__name__}"))
 
     def body() -> dict:
         return parse_json_object(request.get_data(cache=False), request.headers.get("Content-Type"))
@@ -177,6 +182,8 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
             return Response(answers.stream(req, deadline), mimetype="text/event-stream",
                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
         return jsonify(answers.answer(req, deadline))
+
+    openai_api.register(app, answers, searcher, config, body)  # /v1/chat/completions, /v1/models, ...
 
     @app.get("/metrics")
     def metrics_endpoint() -> Response:

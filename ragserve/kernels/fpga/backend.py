@@ -34,6 +34,15 @@ def import_pyxrt() -> ModuleType:
 class FpgaBackend(FpgaHostBackend):
     name = "fpga"
 
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        """Usable only where XRT's ``pyxrt`` imports (the card and the bitstream are checked on opening)."""
+        try:
+            import_pyxrt()
+        except FpgaUnavailableError as e:
+            return False, str(e)
+        return True, ""
+
     def __init__(self, index: IndexReader, xclbin: str | os.PathLike | None = None, device: int = 0,
                  batch_size: int = DEFAULT_BATCH, **options) -> None:
         pyxrt = import_pyxrt()
