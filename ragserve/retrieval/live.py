@@ -1,0 +1,261 @@
+"""``LiveSearcher``: exact BM25 top-k over a live index (``indexer/segments.py``) on any registered backend.
+
+Each search takes the index's current ``Snapshot`` (never waiting for a writer) and
+- prepares the query once with the live collection's statistics: idf from the live df and live document count,
+  weights ``f32(boost * idf)`` exactly as ``QueryPreparer`` makes them for a fresh build;
+- scores every segment with its own backend, passing the live average length (``Backend.search_terms(avgdl=)``),
+  the query's terms in the segment's term ids (ascending: every segment's vocabulary is sorted like the fresh
+  build's, so the canonical summation order holds and the f32 score bits are the fresh build's);
+- drops deleted documents from each segment's list: a segment is asked for more than k (its deleted share, then
+  doubling up to k + its deleted count, which always suffices) until k live hits or all its matches are in hand;
+- maps each hit to its global docid (its place in last-written order: the fresh build's docid) and keeps the best
+  k of all segments by score, then docid: the fresh build's order, ties included.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from indexer import bm25
+from indexer.bm25 import QueryTerms
+from indexer.segments import LiveIndex, Snapshot, open_live
+from ragserve.kernels.contract import Backend, SearchError, StageTimes, TopK
+from ragserve.kernels.registry import get_backend_class, resolve_backend_name
+from ragserve.retrieval.searcher import MAX_K, Hit
+
+# The most hits a backend returns in one call (the FPGA kernel's on-chip list; others take the searcher's limit).
+BACKEND_MAX_K = {"fpga": 1024, "fpga-sim": 1024}
+
+
+class LiveView:
+    """What callers read from ``Searcher.index``, for the current snapshot (passages, counts, the path)."""
+
+    def __init__(self, searcher: "LiveSearcher") -> None:
+        self._s = searcher
+
+    @property
+    def path(self) -> Path:
+        return self._s.live.path
+
+    @property
+    def num_docs(self) -> int:
+        return self._s.live.snapshot().num_docs
+
+    @property
+    def manifest(self) -> dict:
+        snap = self._s.live.snapshot()
+        return {"format": "ragserve-live", "generation": snap.generation, "bm25": snap.settings["bm25"],
+                "analyzer": snap.settings["analyzer"],
+                "stats": {"num_docs": snap.num_docs, "doc_count": snap.doc_count, "sum_total_tf": snap.sum_total_tf,
+                          "avgdl": float(snap.avgdl)},
+                "segments": [{"name": s.name, "docs": s.reader.num_docs, "deleted": int(s.deleted.size)}
+                             for s in snap.segments]}
+
+    def document(self, docid: int) -> tuple[str, str]:
+        return self._s.live.snapshot().document(docid)
+
+    def external_id(self, docid: int) -> str:
+        return self._s.live.snapshot().external_id(docid)
+
+
+class _Store:
+    """A hit's passage source: the snapshot it was found in (a later merge does not move it)."""
+
+    __slots__ = ("snap",)
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+
+    def document(self, docid: int) -> tuple[str, str]:
+        return self.snap.document(docid)
+
+
+class LiveSearcher:
+    """``Searcher``'s interface (``search``, ``search_batch``, ``index``, ``backend_name``, ``close``) over a live
+    index: one backend per segment, opened when a snapshot first shows the segment, closed once no snapshot in
+    use holds it."""
+
+    queue = None  # no batching queue: each search runs on its caller's thread
+
+    def __init__(self, live: LiveIndex | str | Path, backend: str = "cpu", **backend_options) -> None:
+        self.live = live if isinstance(live, LiveIndex) else open_live(live)
+        self.backend_name = resolve_backend_name(backend)
+        if self.backend_name not in ("cpu", "gpu", "fpga", "fpga-sim"):
+            raise SearchError(f"backend {self.backend_name!r} does not search live indexes")
+        self._cls = get_backend_class(self.backend_name)
+        self._options = backend_options
+        self._max_k = BACKEND_MAX_K.get(self.backend_name, MAX_K + (1 << 20))
+        self._lock = threading.Lock()
+        self._backends: dict[str, tuple[Backend, threading.Lock | None]] = {}
+        self._inflight: Counter[str] = Counter()
+        self.index = LiveView(self)
+        self._sync(self.live.snapshot())
+        self.live.on_refresh(self._sync)
+
+    @property
+    def manifest(self) -> dict:
+        return self.index.manifest
+
+    @property
+    def backend(self) -> Backend:
+        """A backend to describe (the first segment's)."""
+        with self._lock:
+            return next(iter(self._backends.values()))[0] if self._backends else _NoSegments(self.backend_name)
+
+    # -- backends per segment -------------------------------------------------------------------
+    def _sync(self, snap: Snapshot) -> None:
+        """Open the backends of the snapshot's new segments (so the first search after a refresh does not), and
+        close those of segments gone from it that no search is using."""
+        for s in snap.segments:
+            self._backend(s)
+        names = {s.name for s in snap.segments}
+        with self._lock:
+            gone = [n for n in self._backends if n not in names and not self._inflight[n]]
+            closing = [self._backends.pop(n)[0] for n in gone]
+        for be in closing:
+            be.close()
+
+    def _backend(self, seg) -> tuple[Backend, threading.Lock | None]:
+        got = self._backends.get(seg.name)
+        if got is None:
+            be = self._cls(seg.reader, **self._options)
+            with self._lock:
+                got = self._backends.setdefault(seg.name, (be, None if be.thread_safe else threading.Lock()))
+            if got[0] is not be:
+                be.close()
+        return got
+
+    # -- search ----------------------------------------------------------------------------------
+    def analyze(self, query: str) -> QueryTerms:
+        """The query's live terms (ids are positions in its term list: a live index has no global term ids)."""
+        q = self.live.snapshot().prepare(query)
+        return QueryTerms(term_ids=np.arange(len(q.terms), dtype=np.uint32), boosts=q.boosts, weights=q.weights)
+
+    def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
+               with_text: bool = True, times: StageTimes | None = None, deadline: float | None = None) -> list[Hit]:
+        return self.search_batch([query], k, k1, b, with_text, times, deadline)[0]
+
+    def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
+                     with_text: bool = True, times: StageTimes | None = None,
+                     deadline: float | None = None) -> list[list[Hit]]:
+        snap = self.live.snapshot()
+        k1, b = self._check(snap, k, k1, b)
+        for q in queries:
+            if not isinstance(q, str) or not q.strip():
+                raise SearchError("queries must be non-empty strings")
+        names = [s.name for s in snap.segments]
+        with self._lock:
+            self._inflight.update(names)
+        try:
+            t0 = time.perf_counter()
+            prepared = [snap.prepare(q) for q in queries]
+            t1 = time.perf_counter()
+            tops = self.search_prepared(snap, prepared, int(k), k1, b, times)
+            t2 = time.perf_counter()
+            store = _Store(snap)
+            out = []
+            for top in tops:
+                hits = [Hit(d, snap.external_id(d), s) for d, s in zip(top.docids.tolist(), top.scores.tolist())]
+                if with_text:
+                    for h in hits:
+                        h._store = store
+                out.append(hits)
+            if times is not None:
+                times.prepare += t1 - t0
+                times.retrieval += time.perf_counter() - t2
+            return out
+        finally:
+            with self._lock:
+                self._inflight.subtract(names)
+
+    def _check(self, snap: Snapshot, k: int, k1: float | None, b: float | None) -> tuple[float, float]:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise SearchError("k must be an integer")
+        if not 1 <= k <= MAX_K:
+            raise SearchError(f"k must be between 1 and {MAX_K}, got {k}")
+        k1 = snap.k1 if k1 is None else float(k1)
+        b = snap.b if b is None else float(b)
+        try:
+            bm25.check_params(k1, b)
+        except ValueError as e:
+            raise SearchError(str(e)) from e
+        return k1, b
+
+    def search_prepared(self, snap: Snapshot, queries: list, k: int, k1: float, b: float,
+                        times: StageTimes | None = None) -> list[TopK]:
+        """The exact top-k (global docids, f32 scores) of each prepared query (``Snapshot.prepare``)."""
+        parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in queries]
+        for si, seg in enumerate(snap.segments):
+            if not seg.n_live:
+                continue
+            todo = [(i, snap.segment_terms(q, si)) for i, q in enumerate(queries) if q.terms]
+            todo = [(i, t) for i, t in todo if len(t)]
+            if not todo:
+                continue
+            be, lock = self._backend(seg)
+            n = seg.reader.num_docs
+            dead = int(seg.deleted.size)
+            # Enough for the expected share of deleted hits, and never beyond k + dead (which always suffices).
+            ks = min(n, k + dead, max(k + 8, math.ceil((k + 8) / max(1e-9, 1.0 - dead / n) * 1.25)))
+            full = min(n, k + dead)  # asking for this many always yields k live hits, or all there are
+            ks = min(ks, self._max_k)
+            while todo:
+                tops = self._call(be, lock, [t for _, t in todo], ks, k1, b, times, snap.avgdl)
+                again = []
+                for (i, t), top in zip(todo, tops):
+                    keep = ~seg.is_deleted(top.docids)
+                    docs, scores = top.docids[keep], top.scores[keep]
+                    if docs.size >= k or top.docids.size < ks or ks >= full:
+                        parts[i].append((snap.global_docids(si, docs[:k]), scores[:k]))
+                    else:
+                        again.append((i, t))
+                todo = again
+                if todo and ks >= self._max_k:
+                    raise SearchError(f"segment {seg.name} holds {dead} deleted documents, too many to find k={k} "
+                                      f"live hits within the {self.backend_name} backend's {self._max_k} per call; "
+                                      f"merge the index (ragserve merge) or ask for a smaller k")
+                ks = min(full, 2 * ks, self._max_k)
+        return [_best(p, k) for p in parts]
+
+    @staticmethod
+    def _call(be: Backend, lock: threading.Lock | None, qs: list[QueryTerms], k: int, k1: float, b: float,
+              times: StageTimes | None, avgdl: np.float32) -> list[TopK]:
+        if lock is None:
+            return be.search_terms(qs, k, k1, b, times, avgdl=avgdl)
+        with lock:
+            return be.search_terms(qs, k, k1, b, times, avgdl=avgdl)
+
+    def close(self) -> None:
+        with self._lock:
+            backends = [be for be, _ in self._backends.values()]
+            self._backends.clear()
+        for be in backends:
+            be.close()
+
+
+def _best(parts: list[tuple[np.ndarray, np.ndarray]], k: int) -> TopK:
+    """The best k of the segments' lists: score descending, then global docid ascending (the fresh build's tie
+    order). One u64 key per hit, (~score bits) << 32 | docid, as ``merge_shards`` ranks FPGA shards."""
+    if not parts:
+        return TopK(np.zeros(0, np.int64), np.zeros(0, np.float32))
+    docs = np.concatenate([d for d, _ in parts]).astype(np.uint64)
+    scores = np.concatenate([s for _, s in parts]).astype(np.float32)
+    key = ((np.uint64(0xFFFFFFFF) - scores.view(np.uint32).astype(np.uint64)) << np.uint64(32)) | docs
+    key = np.sort(key)[:k]
+    return TopK(docids=(key & np.uint64(0xFFFFFFFF)).astype(np.int64),
+                scores=(np.uint64(0xFFFFFFFF) - (key >> np.uint64(32))).astype(np.uint32).view(np.float32))
+
+
+class _NoSegments:
+    """``backend`` of an empty live index (nothing to describe yet)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "segments": 0}
