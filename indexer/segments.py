@@ -39,7 +39,8 @@ from indexer.analyzer import Analyzer
 from indexer.readers.model import Document
 from indexer.reader import IndexReader, InvalidIndexError
 from indexer.wal import WalError, WriteAheadLog, fsync_dir
-from indexer.writer import BuildOptions, _indexed_text, build_index_from_documents
+from indexer.writer import (CHUNK_DOCS, BuildOptions, ChunkAnalyser, _indexed_text,
+                            build_index_from_analysed)
 
 LIVE_FORMAT = "ragserve-live"
 LIVE_VERSION = 1
@@ -83,6 +84,26 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def build_segment(docs: Iterable[Document], out: Path, options: BuildOptions) -> None:
+    """Write ``docs`` as a version-1 index at ``out`` (the files ``build_index_from_documents`` writes), durably.
+    Analysed by an analyser of this call's own: a refresh and a merge build at once in two threads, and the
+    writer's in-process analysis keeps its state in a module global."""
+    analyse = ChunkAnalyser(Analyzer(options.analyzer).config_dict())
+
+    def chunks():
+        batch: list[Document] = []
+        for d in docs:
+            batch.append(d)
+            if len(batch) == CHUNK_DOCS:
+                yield analyse([x.id for x in batch], [x.title for x in batch], [x.text for x in batch])
+                batch = []
+        if batch:
+            yield analyse([x.id for x in batch], [x.title for x in batch], [x.text for x in batch])
+
+    build_index_from_analysed(chunks(), out, options)
+    _fsync_tree(out)
 
 
 def document_terms(analyzer: Analyzer, title: str, text: str) -> tuple[Counter, int]:
@@ -560,8 +581,7 @@ class LiveIndex:
     def _new_segment(self, docs: list[Document]) -> str:
         name = f"seg_{self.commit.next_segment:06d}"
         self.commit.next_segment += 1
-        build_index_from_documents(docs, self.live / name, self._build_options())
-        _fsync_tree(self.live / name)
+        build_segment(docs, self.live / name, self._build_options())
         return name
 
     def refresh(self) -> Snapshot:
@@ -665,8 +685,7 @@ class LiveIndex:
                 docs = (Document(*d) for s in olds for d in _live_documents(s))
                 merged = None
                 if sum(s.n_live for s in olds):
-                    build_index_from_documents(docs, self.live / name, self._build_options())
-                    _fsync_tree(self.live / name)
+                    build_segment(docs, self.live / name, self._build_options())
                     merged = IndexReader(self.live / name)
                 self._swap(names, olds, name, merged)
             finally:
