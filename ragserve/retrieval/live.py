@@ -17,6 +17,7 @@ import math
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from ragserve.kernels.contract import Backend, SearchError, StageTimes, TopK
 from ragserve.kernels.registry import get_backend_class, resolve_backend_name
 from ragserve.retrieval.searcher import MAX_K, Hit
 
+SMALL_SEGMENT = 1 << 17  # documents below which a segment's cpu backend reads the file maps (no resident copy)
 # The most hits a backend returns in one call (the FPGA kernel's on-chip list; others take the searcher's limit).
 BACKEND_MAX_K = {"fpga": 1024, "fpga-sim": 1024}
 
@@ -123,7 +125,13 @@ class LiveSearcher:
     def _backend(self, seg) -> tuple[Backend, threading.Lock | None]:
         got = self._backends.get(seg.name)
         if got is None:
-            be = self._cls(seg.reader, **self._options)
+            options = self._options
+            if self.backend_name == "cpu" and "tuning" not in options and seg.reader.num_docs < SMALL_SEGMENT:
+                # A delta segment: huge-page copies (2 MiB an array at least) would cost more than they save.
+                from ragserve.kernels.cpu.backend import CpuTuning
+
+                options = {**options, "tuning": CpuTuning(resident=False)}
+            be = self._cls(seg.reader, **options)
             with self._lock:
                 got = self._backends.setdefault(seg.name, (be, None if be.thread_safe else threading.Lock()))
             if got[0] is not be:
@@ -155,12 +163,14 @@ class LiveSearcher:
             t0 = time.perf_counter()
             prepared = [snap.prepare(q) for q in queries]
             t1 = time.perf_counter()
-            tops = self.search_prepared(snap, prepared, int(k), k1, b, times)
+            found = self.search_prepared(snap, prepared, int(k), k1, b, times)
             t2 = time.perf_counter()
             store = _Store(snap)
             out = []
-            for top in tops:
-                hits = [Hit(d, snap.external_id(d), s) for d, s in zip(top.docids.tolist(), top.scores.tolist())]
+            for f in found:
+                top = f.top
+                hits = [Hit(d, i, s) for d, i, s in zip(top.docids.tolist(), self.external_ids(snap, f),
+                                                         top.scores.tolist())]
                 if with_text:
                     for h in hits:
                         h._store = store
@@ -187,14 +197,15 @@ class LiveSearcher:
         return k1, b
 
     def search_prepared(self, snap: Snapshot, queries: list, k: int, k1: float, b: float,
-                        times: StageTimes | None = None) -> list[TopK]:
-        """The exact top-k (global docids, f32 scores) of each prepared query (``Snapshot.prepare``)."""
-        parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in queries]
+                        times: StageTimes | None = None) -> list["Found"]:
+        """The exact top-k (global docids, f32 scores) of each prepared query (``Snapshot.prepare``), with the
+        segment and local docid of each hit."""
+        parts: list[list[tuple]] = [[] for _ in queries]
         for si, seg in enumerate(snap.segments):
             if not seg.n_live:
                 continue
             todo = [(i, snap.segment_terms(q, si)) for i, q in enumerate(queries) if q.terms]
-            todo = [(i, t) for i, t in todo if len(t)]
+            todo = [(i, t) for i, t in todo if t is not None]
             if not todo:
                 continue
             be, lock = self._backend(seg)
@@ -208,10 +219,12 @@ class LiveSearcher:
                 tops = self._call(be, lock, [t for _, t in todo], ks, k1, b, times, snap.avgdl)
                 again = []
                 for (i, t), top in zip(todo, tops):
-                    keep = ~seg.is_deleted(top.docids)
-                    docs, scores = top.docids[keep], top.scores[keep]
+                    docs, scores = top.docids, top.scores
+                    if dead:
+                        keep = ~seg.is_deleted(docs)
+                        docs, scores = docs[keep], scores[keep]
                     if docs.size >= k or top.docids.size < ks or ks >= full:
-                        parts[i].append((snap.global_docids(si, docs[:k]), scores[:k]))
+                        parts[i].append((snap.global_docids(si, docs[:k]), scores[:k], si, docs[:k]))
                     else:
                         again.append((i, t))
                 todo = again
@@ -221,6 +234,16 @@ class LiveSearcher:
                                       f"merge the index (ragserve merge) or ask for a smaller k")
                 ks = min(full, 2 * ks, self._max_k)
         return [_best(p, k) for p in parts]
+
+    @staticmethod
+    def external_ids(snap: Snapshot, found: "Found") -> list[str]:
+        """The hits' external ids, read segment by segment (one gather each)."""
+        out: list[str] = [""] * found.top.docids.size
+        for si in np.unique(found.segments).tolist():
+            at = np.flatnonzero(found.segments == si)
+            for j, i in zip(at.tolist(), snap.segments[si].reader.external_ids(found.locals[at])):
+                out[j] = i
+        return out
 
     @staticmethod
     def _call(be: Backend, lock: threading.Lock | None, qs: list[QueryTerms], k: int, k1: float, b: float,
@@ -238,17 +261,28 @@ class LiveSearcher:
             be.close()
 
 
-def _best(parts: list[tuple[np.ndarray, np.ndarray]], k: int) -> TopK:
+@dataclass
+class Found:
+    """A query's top-k over the live index, and where each hit lives."""
+
+    top: TopK  # global docids (the fresh build's), f32 scores, best first
+    segments: np.ndarray  # int64: the segment of each hit in the snapshot
+    locals: np.ndarray  # int64: its docid in that segment
+
+
+def _best(parts: list[tuple], k: int) -> Found:
     """The best k of the segments' lists: score descending, then global docid ascending (the fresh build's tie
     order). One u64 key per hit, (~score bits) << 32 | docid, as ``merge_shards`` ranks FPGA shards."""
     if not parts:
-        return TopK(np.zeros(0, np.int64), np.zeros(0, np.float32))
-    docs = np.concatenate([d for d, _ in parts]).astype(np.uint64)
-    scores = np.concatenate([s for _, s in parts]).astype(np.float32)
+        e = np.zeros(0, np.int64)
+        return Found(TopK(e, np.zeros(0, np.float32)), e, e)
+    docs = np.concatenate([p[0] for p in parts]).astype(np.uint64)
+    scores = np.concatenate([p[1] for p in parts]).astype(np.float32)
+    segs = np.concatenate([np.full(p[0].size, p[2], np.int64) for p in parts])
+    locs = np.concatenate([p[3] for p in parts]).astype(np.int64)
     key = ((np.uint64(0xFFFFFFFF) - scores.view(np.uint32).astype(np.uint64)) << np.uint64(32)) | docs
-    key = np.sort(key)[:k]
-    return TopK(docids=(key & np.uint64(0xFFFFFFFF)).astype(np.int64),
-                scores=(np.uint64(0xFFFFFFFF) - (key >> np.uint64(32))).astype(np.uint32).view(np.float32))
+    order = np.argsort(key, kind="stable")[:k]
+    return Found(TopK(docids=docs[order].astype(np.int64), scores=scores[order]), segs[order], locs[order])
 
 
 class _NoSegments:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from indexer.segments import LiveIndex, LiveIndexError
 from indexer.wal import WalError
@@ -113,8 +114,13 @@ class LiveMaintenance:
 
     def _merge(self) -> None:
         try:
-            while not self._stop.is_set() and self.live.maybe_merge():
-                pass
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                run = self.live.merge_candidates()
+                if run is None or not self.live.maybe_merge():
+                    break
+                log.info("merged %d segments in %.2f s; %d segments now", run[1] - run[0],
+                         time.perf_counter() - t0, len(self.live.snapshot().segments))
         except Exception:
             log.exception("live index merge failed")
         finally:
