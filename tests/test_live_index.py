@@ -101,7 +101,8 @@ def _random_writes(live: LiveIndex, pool: list[Document], cur: OrderedDict, n_op
 
 
 def _compare(live: LiveIndex, want: list[list[tuple]], queries: list[str], backend: str, options: dict,
-             k: int = 100) -> None:
+             k: int = 100) -> int:
+    """Asserts the live ranking is ``want``; returns the segments skipped by their score bound."""
     ls = LiveSearcher(live, backend=backend, **options)
     try:
         got = [_ranked(h) for h in ls.search_batch(queries, k=k, with_text=False)]
@@ -109,6 +110,7 @@ def _compare(live: LiveIndex, want: list[list[tuple]], queries: list[str], backe
         ls.close()
     bad = [q for q, a, b in zip(queries, got, want) if a != b]
     assert not bad, f"{backend}: {len(bad)} of {len(queries)} queries differ from the fresh build, e.g. {bad[0]!r}"
+    return ls.skipped
 
 
 def _fresh_ranking(fresh: Path, queries: list[str], backend: str = "cpu", options: dict | None = None,
@@ -159,6 +161,9 @@ def test_random_writes_equal_a_fresh_build(tmp_path, written, backend, options):
         assert _fresh_ranking(fresh, queries[:100], backend, options) == want[:100]
     live = _open_copy(written, tmp_path / "live")
     _compare(live, want, queries, backend, options)
+    if backend == "cpu":  # short queries at k=10: small segments are skipped by their bound, exactly
+        short = [" ".join(q.split()[:3]) for q in queries[:300]]
+        assert _compare(live, _fresh_ranking(fresh, short, k=10), short, backend, options, k=10) > 0
     live.force_merge()
     assert len(live.snapshot().segments) == 1 and not live.snapshot().segments[0].deleted.size
     _compare(live, want, queries, backend, options)

@@ -13,6 +13,7 @@ Each search takes the index's current ``Snapshot`` (never waiting for a writer) 
 """
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -95,6 +96,9 @@ class LiveSearcher:
         self._lock = threading.Lock()
         self._backends: dict[str, tuple[Backend, threading.Lock | None]] = {}
         self._inflight: Counter[str] = Counter()
+        self._maxqs: dict[str, np.ndarray] = {}  # per segment: each term's largest blk_maxq (``_bound``)
+        self._ratios: dict[tuple[str, float], float] = {}
+        self.skipped = 0  # (query, segment) pairs skipped because the segment could not reach the top-k
         self.index = LiveView(self)
         self._sync(self.live.snapshot())
         self.live.on_refresh(self._sync)
@@ -119,6 +123,8 @@ class LiveSearcher:
         with self._lock:
             gone = [n for n in self._backends if n not in names and not self._inflight[n]]
             closing = [self._backends.pop(n)[0] for n in gone]
+            for n in gone:
+                self._maxqs.pop(n, None)
         for be in closing:
             be.close()
 
@@ -201,11 +207,24 @@ class LiveSearcher:
         """The exact top-k (global docids, f32 scores) of each prepared query (``Snapshot.prepare``), with the
         segment and local docid of each hit."""
         parts: list[list[tuple]] = [[] for _ in queries]
-        for si, seg in enumerate(snap.segments):
+        # Largest segment first: its k-th score lets the small ones be skipped when they cannot reach it.
+        best: list[list[float]] = [[] for _ in queries]  # each query's k best scores so far (a min-heap)
+        prune = np.float32(k1) == np.float32(snap.k1) and np.float32(b) == np.float32(snap.b)
+        weights = [q.weights.tolist() for q in queries]
+        for si in sorted(range(len(snap.segments)), key=lambda i: -snap.segments[i].reader.num_docs):
+            seg = snap.segments[si]
             if not seg.n_live:
                 continue
-            todo = [(i, snap.segment_terms(q, si)) for i, q in enumerate(queries) if q.terms]
-            todo = [(i, t) for i, t in todo if t is not None]
+            todo = []
+            for i, q in enumerate(queries):
+                if not q.terms:
+                    continue
+                if prune and len(best[i]) == k and self._bound(seg, snap.avgdl, weights[i], q.local[si]) < best[i][0]:
+                    self.skipped += 1
+                    continue
+                t = snap.segment_terms(q, si)
+                if t is not None:
+                    todo.append((i, t))
             if not todo:
                 continue
             be, lock = self._backend(seg)
@@ -225,6 +244,12 @@ class LiveSearcher:
                         docs, scores = docs[keep], scores[keep]
                     if docs.size >= k or top.docids.size < ks or ks >= full:
                         parts[i].append((snap.global_docids(si, docs[:k]), scores[:k], si, docs[:k]))
+                        h = best[i]
+                        for x in scores[:k].tolist():
+                            if len(h) < k:
+                                heapq.heappush(h, x)
+                            elif x > h[0]:
+                                heapq.heapreplace(h, x)
                     else:
                         again.append((i, t))
                 todo = again
@@ -234,6 +259,48 @@ class LiveSearcher:
                                       f"merge the index (ragserve merge) or ask for a smaller k")
                 ks = min(full, 2 * ks, self._max_k)
         return [_best(p, k) for p in parts]
+
+    def _bound(self, seg, avgdl: np.float32, weights: list[float], local: list) -> float:
+        """An upper bound on any score in ``seg``: per query term, its largest ``q`` in the segment (``blk_maxq``,
+        computed with the segment's own avgdl) scaled to the live avgdl as the cpu backend scales its bounds, in
+        ``w - w / (1 + q)``, summed, with a margin for f32 rounding. A segment whose bound is below the k-th score
+        found so far holds no hit of the top-k (ties are kept: only a strictly lower bound skips)."""
+        mq, r = self._maxq(seg), self._ratio(seg, avgdl)
+        total = 0.0
+        for w, t in zip(weights, local):
+            if t is not None:
+                q = mq.item(t) * r
+                total += w * q / (1.0 + q)
+        return total * (1.0 + 1e-5)
+
+    def _maxq(self, seg) -> np.ndarray:
+        """Each term's largest ``blk_maxq`` in the segment (0 for a term without postings)."""
+        got = self._maxqs.get(seg.name)
+        if got is None:
+            out = np.zeros(seg.reader.vocab_size, np.float32)
+            for sh in seg.reader.shards:
+                mq = np.append(np.asarray(sh.blk_maxq, np.float32), np.float32(0))
+                tp = np.asarray(sh.term_ptr, np.int64)
+                red = np.maximum.reduceat(mq, tp[:-1])  # a term's entries are tp[t]..tp[t+1]-1
+                out = np.maximum(out, np.where(tp[1:] > tp[:-1], red, np.float32(0)))
+            got = self._maxqs[seg.name] = out
+        return got
+
+    def _ratio(self, seg, avgdl: np.float32) -> float:
+        """The largest ratio of the norm cache under the live avgdl to the segment's own, with a margin (inf where
+        there is none: then nothing is skipped)."""
+        key = (seg.name, float(avgdl))
+        got = self._ratios.get(key)
+        if got is None:
+            ix = seg.reader
+            own = bm25.norm_cache(ix.k1, ix.b, ix.avgdl).astype(np.float64)
+            new = bm25.norm_cache(ix.k1, ix.b, avgdl).astype(np.float64)
+            ok = np.all(np.isfinite(own)) and np.all(np.isfinite(new)) and np.all(own > 0)
+            got = float((new / own).max()) * (1.0 + 2.0**-20) if ok else math.inf
+            if len(self._ratios) > 4096:
+                self._ratios.clear()
+            self._ratios[key] = got
+        return got
 
     @staticmethod
     def external_ids(snap: Snapshot, found: "Found") -> list[str]:
