@@ -42,30 +42,36 @@ from ragserve.topics import read_queries  # noqa: E402
 from tools.machine import cpu_model  # noqa: E402
 
 
-def latency(search, queries: list[str], passes: int) -> dict:
-    """Per-query seconds of ``search(q)`` over ``queries``: the pass with the lowest median."""
-    best = None
+class Pinned:
+    """One snapshot of the live index, searched later (a ``LiveSearcher`` source that never changes)."""
+
+    def __init__(self, live: LiveIndex) -> None:
+        self.snap, self.path = live.snapshot(), live.path
+
+    def snapshot(self):
+        return self.snap
+
+    def on_refresh(self, fn) -> None:
+        pass
+
+
+def latencies(searchers: dict, queries: list[str], passes: int) -> dict:
+    """Per-query seconds of each searcher, the states interleaved pass by pass (the shared machine's load drifts
+    over minutes); for each, the pass with the lowest median."""
+    runs: dict[str, list] = {name: [] for name in searchers}
     for _ in range(passes):
-        t = []
-        for q in queries:
-            t0 = time.perf_counter()
-            search(q)
-            t.append(time.perf_counter() - t0)
-        if best is None or statistics.median(t) < statistics.median(best):
-            best = t
-    best.sort()
-    return {"p50_ms": round(1e3 * statistics.median(best), 3), "mean_ms": round(1e3 * statistics.mean(best), 3),
-            "p90_ms": round(1e3 * best[int(0.9 * len(best))], 3)}
-
-
-def live_latency(live: LiveIndex, queries: list[str], passes: int) -> dict:
-    s = LiveSearcher(live, backend="cpu", threads=1)
-    try:
-        out = latency(lambda q: s.search(q, k=10, with_text=False), queries, passes)
-    finally:
-        s.close()
-    snap = live.snapshot()
-    out.update(segments=len(snap.segments), deleted=sum(int(x.deleted.size) for x in snap.segments))
+        for name, s in searchers.items():
+            t = []
+            for q in queries:
+                t0 = time.perf_counter()
+                s.search(q, k=10, with_text=False)
+                t.append(time.perf_counter() - t0)
+            runs[name].append(sorted(t))
+    out = {}
+    for name, rs in runs.items():
+        best = min(rs, key=statistics.median)
+        out[name] = {"p50_ms": round(1e3 * statistics.median(best), 3), "mean_ms": round(1e3 * statistics.mean(best), 3),
+                     "p90_ms": round(1e3 * best[int(0.9 * len(best))], 3)}
     return out
 
 
@@ -81,7 +87,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=1_000_000, help="passages in the base index (default 1M)")
     ap.add_argument("--queries", type=int, default=300, help="synthetic queries (default 300)")
-    ap.add_argument("--passes", type=int, default=2, help="timed passes over the queries per state (default 2)")
+    ap.add_argument("--passes", type=int, default=3, help="timed passes over the queries per state (default 3)")
     ap.add_argument("--rounds", type=int, default=10, help="delta segments the 1%% is written as (default 10)")
     ap.add_argument("--refresh-interval", type=float, default=1.0, help="server refresh interval (default 1.0 s)")
     ap.add_argument("--workdir", default="/tmp/ragserve-bench-live", help="corpus and indexes (default %(default)s)")
@@ -114,8 +120,8 @@ def main() -> int:
     t0 = time.perf_counter()
     live = LiveIndex(idx, policy=MergePolicy(max_segments=1000, max_deleted_fraction=1.0))  # merges by hand here
     res["open_s"] = round(time.perf_counter() - t0, 2)
-    res["search_0_deltas"] = live_latency(live, queries, args.passes)
-    print(f"open {res['open_s']} s; 0 deltas: {res['search_0_deltas']}", flush=True)
+    states = {"search_0_deltas": Pinned(live)}
+    print(f"open {res['open_s']} s", flush=True)
 
     # 3. writes: the 1% in rounds, each its own delta segment, with deletes of base documents
     rng = random.Random(1)
@@ -135,8 +141,7 @@ def main() -> int:
         refresh_s += t2 - t1
         refreshes.append(round(t2 - t1, 3))
         if r == 0:
-            res["search_1_delta"] = live_latency(live, queries, args.passes)
-            print(f"1 delta: {res['search_1_delta']}", flush=True)
+            states["search_1_delta"] = Pinned(live)
     res["write"] = {"docs": per * args.rounds, "write_s": round(write_s, 2),
                     "docs_per_s": round(per * args.rounds / write_s), "refresh_s": refreshes,
                     "add_1pct_total_s": round(write_s + refresh_s, 2),
@@ -149,8 +154,7 @@ def main() -> int:
     live.delete([f"single-{i}" for i in range(singles)])
     live.refresh()  # no segment for the singles: added and deleted before the refresh
     print(f"writes: {res['write']}", flush=True)
-    res["search_10_deltas"] = live_latency(live, queries, args.passes)
-    print(f"10 deltas: {res['search_10_deltas']}", flush=True)
+    states["search_10_deltas"] = Pinned(live)
 
     # 4. merges
     t0 = time.perf_counter()
@@ -159,17 +163,24 @@ def main() -> int:
     t0 = time.perf_counter()
     live.force_merge()
     res["merge_all_s"] = round(time.perf_counter() - t0, 2)
-    res["search_merged"] = live_latency(live, queries, args.passes)
-    seg = live.snapshot().segments[0].reader
-    plain = Searcher(seg, backend="cpu", threads=1)
-    res["search_merged_plain_searcher"] = latency(lambda q: plain.search(q, k=10, with_text=False), queries,
-                                                  args.passes)
-    plain.close()
+    states["search_merged"] = Pinned(live)
+    searchers = {name: LiveSearcher(p, backend="cpu", threads=1) for name, p in states.items()}
+    searchers["search_merged_plain_searcher"] = Searcher(live.snapshot().segments[0].reader, backend="cpu", threads=1)
+    for s in searchers.values():  # open and warm every backend before timing
+        s.search_batch(queries[:20], k=10, with_text=False)
+    res.update(latencies(searchers, queries, args.passes))
+    for name, s in searchers.items():
+        if name in states:
+            snap = states[name].snap
+            res[name].update(segments=len(snap.segments), deleted=sum(int(x.deleted.size) for x in snap.segments),
+                             skipped=s.skipped)
+        s.close()
     for k in ("search_0_deltas", "search_1_delta", "search_10_deltas"):
         res[k]["p50_vs_merged"] = round(res[k]["p50_ms"] / res["search_merged"]["p50_ms"], 3)
         res[k]["mean_vs_merged"] = round(res[k]["mean_ms"] / res["search_merged"]["mean_ms"], 3)
-    print(f"merge deltas {res['merge_deltas_s']} s, all {res['merge_all_s']} s; merged: {res['search_merged']}; "
-          f"plain searcher {res['search_merged_plain_searcher']}", flush=True)
+    for name in searchers:
+        print(f"{name}: {res[name]}", flush=True)
+    print(f"merge deltas {res['merge_deltas_s']} s, all {res['merge_all_s']} s", flush=True)
 
     # 5. refresh latency, as the server's maintenance thread gives it
     s = LiveSearcher(live, backend="cpu", threads=1)

@@ -30,7 +30,7 @@ from ragserve.kernels.contract import Backend, SearchError, StageTimes, TopK
 from ragserve.kernels.registry import get_backend_class, resolve_backend_name
 from ragserve.retrieval.searcher import MAX_K, Hit
 
-SMALL_SEGMENT = 1 << 17  # documents below which a segment's cpu backend reads the file maps (no resident copy)
+SMALL_SEGMENT = 1 << 15  # documents below which a segment's cpu backend reads the file maps (no resident copy)
 # The most hits a backend returns in one call (the FPGA kernel's on-chip list; others take the searcher's limit).
 BACKEND_MAX_K = {"fpga": 1024, "fpga-sim": 1024}
 
@@ -86,7 +86,9 @@ class LiveSearcher:
     queue = None  # no batching queue: each search runs on its caller's thread
 
     def __init__(self, live: LiveIndex | str | Path, backend: str = "cpu", **backend_options) -> None:
-        self.live = live if isinstance(live, LiveIndex) else open_live(live)
+        # Anything with ``snapshot()``, ``on_refresh()`` and ``path`` serves (a LiveIndex; a benchmark's pinned
+        # snapshot).
+        self.live = live if hasattr(live, "snapshot") else open_live(live)
         self.backend_name = resolve_backend_name(backend)
         if self.backend_name not in ("cpu", "gpu", "fpga", "fpga-sim"):
             raise SearchError(f"backend {self.backend_name!r} does not search live indexes")
@@ -96,8 +98,9 @@ class LiveSearcher:
         self._lock = threading.Lock()
         self._backends: dict[str, tuple[Backend, threading.Lock | None]] = {}
         self._inflight: Counter[str] = Counter()
-        self._maxqs: dict[str, np.ndarray] = {}  # per segment: each term's largest blk_maxq (``_bound``)
+        self._maxqs: dict[str, np.ndarray] = {}  # per segment: each term's largest blk_maxq (the skip bound)
         self._ratios: dict[tuple[str, float], float] = {}
+        self._plans: dict[int, tuple[Snapshot, list]] = {}
         self.skipped = 0  # (query, segment) pairs skipped because the segment could not reach the top-k
         self.index = LiveView(self)
         self._sync(self.live.snapshot())
@@ -125,6 +128,8 @@ class LiveSearcher:
             closing = [self._backends.pop(n)[0] for n in gone]
             for n in gone:
                 self._maxqs.pop(n, None)
+            if gone:
+                self._plans.clear()
         for be in closing:
             be.close()
 
@@ -132,11 +137,13 @@ class LiveSearcher:
         got = self._backends.get(seg.name)
         if got is None:
             options = self._options
-            if self.backend_name == "cpu" and "tuning" not in options and seg.reader.num_docs < SMALL_SEGMENT:
-                # A delta segment: huge-page copies (2 MiB an array at least) would cost more than they save.
+            n = seg.reader.num_docs
+            if self.backend_name == "cpu" and "tuning" not in options and n < SMALL_SEGMENT:
+                # A delta segment: huge-page copies (2 MiB an array at least) would cost more than they save, and a
+                # window as large as the segment is enough (each window's accumulator is cleared and scanned).
                 from ragserve.kernels.cpu.backend import CpuTuning
 
-                options = {**options, "tuning": CpuTuning(resident=False)}
+                options = {**options, "tuning": CpuTuning(resident=False, window=max(64, 1 << (n - 1).bit_length()))}
             be = self._cls(seg.reader, **options)
             with self._lock:
                 got = self._backends.setdefault(seg.name, (be, None if be.thread_safe else threading.Lock()))
@@ -202,37 +209,60 @@ class LiveSearcher:
             raise SearchError(str(e)) from e
         return k1, b
 
+    def _plan(self, snap: Snapshot) -> list[tuple]:
+        """Per snapshot, once: its segments with live documents, largest first (the first one's k-th score lets the
+        small ones be skipped when they cannot reach it), each as (index, segment, backend, lock, documents,
+        deleted, term max q, ratio of the live norm cache to its own)."""
+        got = self._plans.get(id(snap))
+        if got is not None and got[0] is snap:
+            return got[1]
+        order = sorted((si for si, s in enumerate(snap.segments) if s.n_live),
+                       key=lambda si: -snap.segments[si].reader.num_docs)
+        plan = []
+        for si in order:
+            seg = snap.segments[si]
+            be, lock = self._backend(seg)
+            plan.append((si, seg, be, lock, seg.reader.num_docs, int(seg.deleted.size), self._maxq(seg),
+                         self._ratio(seg, snap.avgdl)))
+        if len(self._plans) > 8:
+            self._plans.clear()
+        self._plans[id(snap)] = (snap, plan)
+        return plan
+
     def search_prepared(self, snap: Snapshot, queries: list, k: int, k1: float, b: float,
                         times: StageTimes | None = None) -> list["Found"]:
         """The exact top-k (global docids, f32 scores) of each prepared query (``Snapshot.prepare``), with the
         segment and local docid of each hit."""
         parts: list[list[tuple]] = [[] for _ in queries]
-        # Largest segment first: its k-th score lets the small ones be skipped when they cannot reach it.
         best: list[list[float]] = [[] for _ in queries]  # each query's k best scores so far (a min-heap)
         prune = np.float32(k1) == np.float32(snap.k1) and np.float32(b) == np.float32(snap.b)
         weights = [q.weights.tolist() for q in queries]
-        for si in sorted(range(len(snap.segments)), key=lambda i: -snap.segments[i].reader.num_docs):
-            seg = snap.segments[si]
-            if not seg.n_live:
-                continue
+        for si, seg, be, lock, n, dead, mq, r in self._plan(snap):
             todo = []
             for i, q in enumerate(queries):
                 if not q.terms:
                     continue
-                if prune and len(best[i]) == k and self._bound(seg, snap.avgdl, weights[i], q.local[si]) < best[i][0]:
-                    self.skipped += 1
-                    continue
+                local = q.local[si]
+                if prune and len(best[i]) == k:
+                    # An upper bound on any score in the segment: per term its largest q there, scaled to the live
+                    # avgdl as the cpu backend scales its bounds, in w - w / (1 + q), summed, with a margin for
+                    # the f32 rounding. Only a bound strictly below the k-th score skips (ties are kept).
+                    bound = 0.0
+                    for w, t in zip(weights[i], local):
+                        if t is not None:
+                            x = mq.item(t) * r
+                            bound += w * x / (1.0 + x)
+                    if bound * (1.0 + 1e-5) < best[i][0]:
+                        self.skipped += 1
+                        continue
                 t = snap.segment_terms(q, si)
                 if t is not None:
                     todo.append((i, t))
             if not todo:
                 continue
-            be, lock = self._backend(seg)
-            n = seg.reader.num_docs
-            dead = int(seg.deleted.size)
-            # Enough for the expected share of deleted hits, and never beyond k + dead (which always suffices).
-            ks = min(n, k + dead, max(k + 8, math.ceil((k + 8) / max(1e-9, 1.0 - dead / n) * 1.25)))
+            # The expected share of deleted hits and a margin (then doubling), never beyond k + dead: enough.
             full = min(n, k + dead)  # asking for this many always yields k live hits, or all there are
+            ks = full if not dead else min(full, math.ceil(k / max(1e-9, 1.0 - dead / n) * 1.1) + 2)
             ks = min(ks, self._max_k)
             while todo:
                 tops = self._call(be, lock, [t for _, t in todo], ks, k1, b, times, snap.avgdl)
@@ -243,13 +273,15 @@ class LiveSearcher:
                         keep = ~seg.is_deleted(docs)
                         docs, scores = docs[keep], scores[keep]
                     if docs.size >= k or top.docids.size < ks or ks >= full:
-                        parts[i].append((snap.global_docids(si, docs[:k]), scores[:k], si, docs[:k]))
-                        h = best[i]
-                        for x in scores[:k].tolist():
-                            if len(h) < k:
-                                heapq.heappush(h, x)
-                            elif x > h[0]:
-                                heapq.heapreplace(h, x)
+                        docs, scores = docs[:k], scores[:k]
+                        parts[i].append((snap.offsets[si] + seg.live_rank(docs), scores, si, docs))
+                        if prune:
+                            h = best[i]
+                            for x in scores.tolist():
+                                if len(h) < k:
+                                    heapq.heappush(h, x)
+                                elif x > h[0]:
+                                    heapq.heapreplace(h, x)
                     else:
                         again.append((i, t))
                 todo = again
@@ -259,19 +291,6 @@ class LiveSearcher:
                                       f"merge the index (ragserve merge) or ask for a smaller k")
                 ks = min(full, 2 * ks, self._max_k)
         return [_best(p, k) for p in parts]
-
-    def _bound(self, seg, avgdl: np.float32, weights: list[float], local: list) -> float:
-        """An upper bound on any score in ``seg``: per query term, its largest ``q`` in the segment (``blk_maxq``,
-        computed with the segment's own avgdl) scaled to the live avgdl as the cpu backend scales its bounds, in
-        ``w - w / (1 + q)``, summed, with a margin for f32 rounding. A segment whose bound is below the k-th score
-        found so far holds no hit of the top-k (ties are kept: only a strictly lower bound skips)."""
-        mq, r = self._maxq(seg), self._ratio(seg, avgdl)
-        total = 0.0
-        for w, t in zip(weights, local):
-            if t is not None:
-                q = mq.item(t) * r
-                total += w * q / (1.0 + q)
-        return total * (1.0 + 1e-5)
 
     def _maxq(self, seg) -> np.ndarray:
         """Each term's largest ``blk_maxq`` in the segment (0 for a term without postings)."""
@@ -343,6 +362,10 @@ def _best(parts: list[tuple], k: int) -> Found:
     if not parts:
         e = np.zeros(0, np.int64)
         return Found(TopK(e, np.zeros(0, np.float32)), e, e)
+    if len(parts) == 1:  # one segment's list: already in score, then docid, order
+        g, sc, si, loc = parts[0]
+        return Found(TopK(docids=g.astype(np.int64), scores=sc.astype(np.float32)), np.full(g.size, si, np.int64),
+                     loc.astype(np.int64))
     docs = np.concatenate([p[0] for p in parts]).astype(np.uint64)
     scores = np.concatenate([p[1] for p in parts]).astype(np.float32)
     segs = np.concatenate([np.full(p[0].size, p[2], np.int64) for p in parts])
