@@ -391,7 +391,7 @@ def _create_empty(root: Path, settings: dict) -> None:
 class MergePolicy:
     """When the background merge folds segments (Lucene's TieredMergePolicy in miniature)."""
 
-    max_segments: int = 12  # above this many segments, merge the cheapest run of ``merge_factor`` adjacent ones
+    max_segments: int = 6  # above this many segments, merge the cheapest run of ``merge_factor`` adjacent ones
     merge_factor: int = 4
     max_deleted_fraction: float = 0.25  # a segment with more deleted docs than this is rewritten without them
 

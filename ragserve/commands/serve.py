@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     lv.add_argument("--refresh-interval", type=float, default=1.0, metavar="S",
                     help="seconds until a write is searchable (default 1.0); without --writes, how often a live "
                          "index is checked for commits of another writer")
-    lv.add_argument("--merge-max-segments", type=int, default=12, metavar="N",
-                    help="with --writes: merge adjacent segments in the background above this many (default 12)")
+    lv.add_argument("--merge-max-segments", type=int, default=6, metavar="N",
+                    help="with --writes: merge adjacent segments in the background above this many (default 6)")
     gen = p.add_argument_group("generation (with --model)")
     gen.add_argument("--device", default="auto", help="generator device: auto (cuda if available), cpu, cuda[:N]")
     gen.add_argument("--exemplars", default="multihop.txt",
