@@ -39,7 +39,7 @@ from indexer import layout as L
 from indexer.analyzer import Analyzer
 from indexer.readers.model import Document
 from indexer.reader import IndexReader, InvalidIndexError
-from indexer.wal import WalError, WriteAheadLog, fsync_dir
+from indexer.wal import WriteAheadLog, fsync_dir
 from indexer.writer import (CHUNK_DOCS, BuildOptions, ChunkAnalyser, _indexed_text,
                             build_index_from_analysed)
 
@@ -211,14 +211,6 @@ class Snapshot:
         self.avgdl = bm25.avgdl_f32(self.sum_total_tf, self.doc_count)
         self.offsets = np.cumsum([0] + [s.n_live for s in segments]).astype(np.int64)
 
-    def df(self, term: str) -> int:
-        n = 0
-        for s in self.segments:
-            t = s.reader.term_ids.get(term)
-            if t is not None:
-                n += s.df.item(t)
-        return n
-
     def prepare(self, query: str) -> LiveQuery:
         """Distinct query terms boosted by their count in the query, weighted with the live idf (``bm25``)."""
         counts = Counter(self.analyzer.analyze(query))
@@ -251,9 +243,6 @@ class Snapshot:
         return bm25.QueryTerms(term_ids=np.array([ids[i] for i in idx], dtype=np.uint32), boosts=q.boosts[idx],
                                weights=q.weights[idx])
 
-    def global_docids(self, si: int, local: np.ndarray) -> np.ndarray:
-        return self.offsets[si] + self.segments[si].live_rank(local)
-
     def locate(self, docid: int) -> tuple[SegmentState, int]:
         """(segment, local docid) of a global docid."""
         if not 0 <= docid < self.num_docs:
@@ -274,10 +263,7 @@ class Snapshot:
     def documents(self) -> Iterable[tuple[str, str, str]]:
         """Every live document (id, title, text) in global docid order."""
         for s in self.segments:
-            docs = s.live_docs if s.deleted.size else range(s.reader.num_docs)
-            for d in docs:
-                d = int(d)
-                yield (s.reader.external_id(d), *s.reader.document(d))
+            yield from _live_documents(s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -764,6 +750,7 @@ class LiveIndex:
 
 
 def _live_documents(s: SegmentState) -> Iterable[tuple[str, str, str]]:
+    """(id, title, text) of the segment's live documents in local docid order."""
     docs = s.live_docs if s.deleted.size else np.arange(s.reader.num_docs)
     r = s.reader
     for d in docs.tolist():

@@ -7,7 +7,6 @@ import shutil
 import threading
 import time
 
-import pytest
 import requests
 
 from ragserve.retrieval.searcher import Searcher
