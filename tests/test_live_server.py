@@ -114,3 +114,36 @@ def test_concurrent_searches_during_writes_and_merges(tmp_path, arguana_index):
         assert "merged" in srv.log(), "no merge ran during the test"
     finally:
         srv.terminate()
+
+
+def test_document_endpoints_in_process(tmp_path, arguana_index):
+    """The document endpoints' answers, and /v1/info and /v1/search over a live index, through the flask app."""
+    from indexer.segments import LiveIndex
+    from ragserve.retrieval.factory import RetrieverSet
+    from ragserve.retrieval.live import LiveSearcher
+    from ragserve.server.documents import LiveWrites
+
+    live = LiveIndex(shutil.copytree(arguana_index, tmp_path / "idx"))
+    searcher = LiveSearcher(live, backend="cpu", threads=1)
+    client = create_app(RetrieverSet(searcher), ServerConfig(), writes=LiveWrites(live, 1.0)).test_client()
+    r = client.post("/v1/documents", json={"documents": [{"id": "q1", "title": "Quokka", "text": "quokka selfies"}]})
+    assert r.status_code == 200 and r.get_json()["added"] == 1 and r.get_json()["searchable"].startswith("within")
+    assert client.post("/v1/search", json={"query": "quokka"}).get_json()["hits"] == []  # not refreshed yet
+    r = client.post("/v1/documents", json={"documents": [{"id": "q2", "text": "quokka island"}], "refresh": True})
+    assert r.get_json()["searchable"] == "now"
+    hits = client.post("/v1/search", json={"query": "quokka", "k": 5}).get_json()["hits"]
+    assert {h["id"] for h in hits} == {"q1", "q2"} and hits[0]["text"]
+    r = client.delete("/v1/documents", json={"ids": ["q1", "nope"], "refresh": True})
+    assert r.get_json()["deleted"] == 1 and r.get_json()["missing"] == ["nope"]
+    assert [h["id"] for h in client.post("/v1/search", json={"query": "quokka"}).get_json()["hits"]] == ["q2"]
+    for bad, field in (({"documents": []}, "documents"), ({"documents": [{"id": "", "text": "x"}]}, "documents[0].id"),
+                       ({"documents": [{"id": "a", "text": "x", "extra": 1}]}, "documents[0].extra"),
+                       ({"documents": [{"id": "a", "text": "x"}], "refresh": "yes"}, "refresh")):
+        r = client.post("/v1/documents", json=bad)
+        assert r.status_code == 400 and r.get_json()["error"]["field"] == field, r.get_json()
+    assert client.delete("/v1/documents", json={"ids": "q2"}).status_code == 400
+    info = client.get("/v1/info").get_json()
+    assert info["index"]["manifest"]["format"] == "ragserve-live"
+    assert info["index"]["manifest"]["stats"]["num_docs"] == 8674 + 1
+    searcher.close()
+    live.close()
