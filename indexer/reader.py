@@ -56,6 +56,9 @@ class IndexReader:
                                     "makes one)")
         if not self.path.is_dir():
             raise InvalidIndexError(f"{self.path}: no such index directory")
+        if not mpath.is_file() and (self.path / "live" / "commit.json").is_file():
+            raise InvalidIndexError(f"{self.path} is a live index (ragserve add/delete made it one): it is searched "
+                                    "through ragserve.retrieval.live (ragserve search and serve open it so)")
         if not mpath.is_file():
             raise InvalidIndexError(f"{self.path}: not an index (no {L.MANIFEST}; an interrupted build leaves none)")
         try:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 # Order is the order of `ragserve --help`.
-COMMAND_MODULES = ["index", "index_dense", "search", "info", "eval_run", "serve", "eval", "corpus", "attention",
+COMMAND_MODULES = ["index", "index_dense", "live", "search", "info", "eval_run", "serve", "eval", "corpus", "attention",
                    "models", "memory"]
 
 

@@ -82,7 +82,7 @@ def test_initial_threshold_is_reached_by_k_documents(hotpot_index):
     ix = s.index
     be = CpuBackend(ix, threads=1)
     full = CpuBackend(ix, threads=1, prune=False, tuning=CpuTuning(resident=False))
-    cache, default = be._params(ix.k1, ix.b)
+    cache, default, _ = be._params(ix.k1, ix.b)
     seeded = compared = 0
     for text in _questions(60):
         q = s.analyze(text)

@@ -17,7 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from indexer.reader import IndexReader, InvalidIndexError
+    from indexer.segments import is_live
 
+    if is_live(args.index):
+        return _live(args)
     try:
         reader = IndexReader(args.index, verify=args.verify)
     except InvalidIndexError as e:
@@ -57,3 +60,32 @@ def _dense(reader, verify: bool) -> None:
     print(f"dense      {d.num_docs:,} x {d.dim} fp16 embeddings of {enc['name']} ({enc['pooling']} pooling"
           f"{', normalised' if enc['normalize'] else ''}, {enc['fingerprint'][:12]}), faiss {d.kind}, {size:,} bytes"
           + ("  (checksums verified)" if verify else ""))
+
+
+def _live(args: argparse.Namespace) -> int:
+    """A live index: its last commit (writes logged since are replayed by the next writer to open it)."""
+    from indexer.reader import InvalidIndexError
+    from indexer.segments import LiveIndex
+
+    try:
+        live = LiveIndex(args.index, writable=False)
+        snap = live.snapshot()
+        if args.verify:
+            for s in snap.segments:
+                s.reader.verify()
+    except InvalidIndexError as e:
+        raise CliError(str(e)) from e
+    if args.json:
+        print(json.dumps(live.commit.to_json(), indent=1))
+        return 0
+    print(f"index      {args.index}  (live index, commit generation {snap.generation}, write-ahead log seq "
+          f"{live.commit.seq})")
+    print(f"analyzer   {snap.settings['analyzer']}")
+    print(f"bm25       k1={snap.k1} b={snap.b}")
+    print(f"documents  {snap.num_docs:,} live ({snap.num_docs - snap.doc_count:,} empty), avgdl {float(snap.avgdl):.3f}")
+    for s in snap.segments:
+        print(f"  {s.name}  {s.reader.num_docs:,} docs, {s.deleted.size:,} deleted, "
+              f"{s.reader.manifest['stats']['vocab_size']:,} terms")
+    if args.verify:
+        print("checksums  verified")
+    return 0

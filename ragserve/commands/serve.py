@@ -44,6 +44,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 1 ms; a lone search never waits)")
     p.add_argument("--queue-max-batch", type=int, default=64,
                    help="device backends: most queries batched into one launch (default 64)")
+    lv = p.add_argument_group("live index (indexer/FORMAT.md, 'Live index')")
+    lv.add_argument("--writes", action="store_true",
+                    help="take writes: POST /v1/documents adds or replaces, DELETE /v1/documents deletes (behind the "
+                         "API key when one is set); a plain index becomes a live one")
+    lv.add_argument("--refresh-interval", type=float, default=1.0, metavar="S",
+                    help="seconds until a write is searchable (default 1.0); without --writes, how often a live "
+                         "index is checked for commits of another writer")
+    lv.add_argument("--merge-max-segments", type=int, default=6, metavar="N",
+                    help="with --writes: merge adjacent segments in the background above this many (default 6)")
     gen = p.add_argument_group("generation (with --model)")
     gen.add_argument("--device", default="auto", help="generator device: auto (cuda if available), cpu, cuda[:N]")
     gen.add_argument("--exemplars", default="multihop.txt",
@@ -117,6 +126,10 @@ def _config(args: argparse.Namespace):
         raise CliError("--workers runs local processes; on Ray use --ray-replicas")
     if args.memory and (args.workers > 1 or args.ray):
         raise CliError("--memory is held by one process: it runs without --workers and --ray")
+    if args.writes and (args.workers > 1 or args.ray):
+        raise CliError("--writes needs one writer process: it runs without --workers and --ray")
+    if not 0 < args.refresh_interval <= 3600 or args.merge_max_segments < 2:
+        raise CliError("--refresh-interval must be between 0 and 3600 seconds and --merge-max-segments at least 2")
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     if args.search_slots < 0 or args.shutdown_grace < 0:
@@ -221,12 +234,15 @@ def _serve_process(args: argparse.Namespace, cfg, worker, stop: threading.Event,
     _check_startup(args)
     opts = {"xclbin": args.xclbin} if args.xclbin else {}
     check_backend(args.backend)
+    live, maintenance = _open_live(args)
     try:
         queue = QueueSettings(max_wait_ms=args.queue_wait_ms, max_batch=args.queue_max_batch,
                               parallel=args.search_slots)
         # the BM25 searcher's queue settings ride with the backend options (Searcher takes them by name)
-        searcher = RetrieverSet.open(args.index, retrieval_config(args, {**opts, "queue": queue}))
+        searcher = RetrieverSet.open(live or args.index, retrieval_config(args, {**opts, "queue": queue}))
     except (InvalidIndexError, SearchError, EmbedderError, RuntimeError) as e:
+        if live is not None:
+            live.close()
         raise CliError(str(e)) from e
     try:
         memory = _memory_store(args) if args.memory else None
@@ -242,7 +258,15 @@ def _serve_process(args: argparse.Namespace, cfg, worker, stop: threading.Event,
             memory.close()
         raise
     warmup = Warmup(searcher, answers)
-    app = create_app(searcher, cfg, answers=answers, metrics=metrics, warmup=warmup, worker=worker, memory=memory)
+    writes = None
+    if live is not None:
+        from ragserve.server.documents import LiveWrites
+
+        writes = LiveWrites(live, args.refresh_interval)
+        maintenance.start()
+    app = create_app(searcher, cfg, answers=answers, metrics=metrics, warmup=warmup, worker=worker, writes=writes,
+                     memory=memory,
+                     search_slots=max(1, args.search_slots or os.cpu_count() or 1) if live is not None else 1)
 
     def announce(addresses: list[tuple[str, int]]) -> None:
         on_listening({"addresses": addresses, "backend": searcher.backend_name})
@@ -262,9 +286,13 @@ def _serve_process(args: argparse.Namespace, cfg, worker, stop: threading.Event,
         warmup.cancel()
         if answers is not None:
             answers.close()
+        if maintenance is not None:
+            maintenance.stop()
         if memory is not None:
             memory.close()
         searcher.close()
+        if live is not None:
+            live.close()
     if warmup.error:
         raise CliError(warmup.error)
     return rc
@@ -291,6 +319,23 @@ def _memory_store(args: argparse.Namespace):
         store.close()
         raise CliError(str(e)) from None
     return store
+
+
+def _open_live(args: argparse.Namespace):
+    """(the live index, its maintenance thread, not started) for --writes or a live index; (None, None) else."""
+    from indexer.reader import InvalidIndexError
+    from indexer.segments import LiveIndex, LiveIndexError, MergePolicy, is_live
+    from ragserve.server.documents import LiveMaintenance
+
+    if not args.writes and not is_live(args.index):
+        return None, None
+    if args.ray:
+        raise CliError("a live index is served without --ray")
+    try:
+        live = LiveIndex(args.index, writable=args.writes, policy=MergePolicy(max_segments=args.merge_max_segments))
+    except (LiveIndexError, InvalidIndexError) as e:
+        raise CliError(str(e)) from None
+    return live, LiveMaintenance(live, args.refresh_interval)
 
 
 def _serve_on_ray(args: argparse.Namespace, cfg) -> int:

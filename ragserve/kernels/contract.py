@@ -87,11 +87,13 @@ class Backend(ABC):
 
     @abstractmethod
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
-                     times: StageTimes | None = None) -> list[TopK]:
+                     times: StageTimes | None = None, avgdl: float | None = None) -> list[TopK]:
         """Exact BM25 top-k of each analysed query, scores as ``indexer/FORMAT.md`` defines them.
 
         ``times``, when given, gains this call's ``relevancy`` and ``retrieval`` seconds (see the module's
-        docstring for where the line falls); timing must never change the path a query takes.
+        docstring for where the line falls); timing must never change the path a query takes. ``avgdl`` (an f32
+        value) replaces the index's own average length in the norm cache: a segment of a live index is scored
+        with the whole live collection's (``indexer/segments.py``), as the weights already carry its idf.
         """
 
     def describe(self) -> dict:

@@ -10,11 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from indexer.reader import IndexReader
+from indexer.segments import LiveIndex, is_live
 from ragserve.kernels.contract import SearchError, StageTimes
 from ragserve.kernels.registry import resolve_backend_name
 from ragserve.retrieval.dense import DenseIndex, DenseOptions, DenseSearcher
 from ragserve.retrieval.embedder import Embedder, EmbedderError
 from ragserve.retrieval.hybrid import FusionOptions, HybridSearcher
+from ragserve.retrieval.live import LiveSearcher
 from ragserve.retrieval.searcher import Hit, Searcher
 
 RETRIEVERS = ("bm25", "dense", "hybrid")
@@ -57,11 +59,22 @@ def _dense_searcher(reader: IndexReader, embedder: Embedder, cfg: RetrievalConfi
                          device=device if isinstance(device, str) else None)
 
 
+def open_live_searcher(index, cfg: RetrievalConfig) -> LiveSearcher:
+    """BM25 over a live index (a ``LiveIndex`` or its directory): its segments have no dense part."""
+    if cfg.retriever != "bm25":
+        raise SearchError(f"a live index (ragserve add/delete) is searched with BM25 only; --retriever "
+                          f"{cfg.retriever} needs a dense part, which its segments do not have")
+    options = {k: v for k, v in cfg.backend_options.items() if k != "queue"}  # no queue: see LiveSearcher
+    return LiveSearcher(index, backend=cfg.backend, **options)
+
+
 def open_retriever(index: str | Path | IndexReader, cfg: RetrievalConfig, embedder: Embedder | None = None):
     """The retriever ``cfg.retriever`` names over ``index``; raises ``SearchError``, ``EmbedderError`` or
     ``InvalidIndexError`` (``DenseIndexError``) with one line saying what is wrong."""
     if cfg.retriever not in RETRIEVERS:
         raise SearchError(f"retriever must be one of {', '.join(RETRIEVERS)}, got {cfg.retriever!r}")
+    if not isinstance(index, IndexReader) and is_live(index):
+        return open_live_searcher(index, cfg)
     reader = index if isinstance(index, IndexReader) else IndexReader(index)
     if cfg.retriever == "bm25":
         return Searcher(reader, backend=cfg.backend, **cfg.backend_options)
@@ -93,11 +106,13 @@ class RetrieverSet:
         self.queue = getattr(bm25, "queue", None)
 
     @classmethod
-    def open(cls, index: str | Path | IndexReader, cfg: RetrievalConfig) -> "RetrieverSet":
+    def open(cls, index: str | Path | IndexReader | LiveIndex, cfg: RetrievalConfig) -> "RetrieverSet":
         """BM25 only for ``--retriever bm25``; all three for dense or hybrid (the index needs a dense part)."""
         if cfg.retriever not in RETRIEVERS:
             raise SearchError(f"retriever must be one of {', '.join(RETRIEVERS)}, got {cfg.retriever!r}")
         cfg.fusion.check()
+        if isinstance(index, LiveIndex) or (not isinstance(index, IndexReader) and is_live(index)):
+            return cls(open_live_searcher(index, cfg))
         reader = index if isinstance(index, IndexReader) else IndexReader(index)
         dense = None
         if cfg.retriever != "bm25":

@@ -17,6 +17,7 @@ from ragserve.retrieval.searcher import Searcher
 from ragserve.server import openai_api
 from ragserve.server.auth import bearer_matches
 from ragserve.server.config import ServerConfig
+from ragserve.server.documents import LiveWrites
 from ragserve.server.errors import ApiError, body_too_large, invalid, unauthorized
 from ragserve.server.memory_api import register_memory
 from ragserve.server.metrics import ServerMetrics
@@ -39,14 +40,15 @@ log = logging.getLogger("ragserve.server")
 def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers: AnswerService | None = None,
                metrics: ServerMetrics | None = None,
                search_slots: int = 1, warmup: Warmup | None = None, worker: WorkerInfo | None = None,
-               memory: MemoryStore | None = None) -> Flask:
+               memory: MemoryStore | None = None, writes: LiveWrites | None = None) -> Flask:
     """``answers`` is an ``AnswerService`` (``--model``) or None, in which case /v1/answer says so with 503.
     ``search_slots``: searches at once on a searcher without its own queue (the Ray ``DistributedSearcher``).
     ``warmup`` (started by the caller): /readyz is 503 until it is done, and searches wait for it (the warm-up
     search holds the backend meanwhile). ``searcher`` is a BM25 ``Searcher`` (local or sharded) or the
     ``RetrieverSet`` of ``--retriever`` (dense and hybrid too). ``worker``: this process among the ``--workers``
     (/readyz waits for all of them to warm up; responses name the worker that sent them). ``memory``: the persisted
-    memory bank of /v1/memory (``--memory``); None: those endpoints say so with 503."""
+    memory bank of /v1/memory (``--memory``); None: those endpoints say so with 503. ``writes``: the document
+    endpoints of a live index (``ragserve serve --writes``); without it they answer 403."""
     if not isinstance(searcher, RetrieverSet):
         searcher = RetrieverSet(searcher)
     app = Flask("ragserve.server", static_folder=str(WEB_DIR), static_url_path="/static")
@@ -166,6 +168,16 @@ def create_app(searcher: Searcher | RetrieverSet, config: ServerConfig, answers:
 
     app.add_url_rule("/v1/search", endpoint="search", methods=["POST"])
     register_memory(app, memory, config)
+
+    documents = writes or LiveWrites(None, 0.0)
+
+    @app.post("/v1/documents")
+    def add_documents() -> Response:
+        return jsonify(documents.add(body()))
+
+    @app.delete("/v1/documents")
+    def delete_documents() -> Response:
+        return jsonify(documents.delete(body()))
 
     @app.post("/v1/answer")
     def answer_endpoint() -> Response:

@@ -137,8 +137,10 @@ class CpuBackend(Backend):
         self._shard_args = tuple((tuple(a[n] for n in _SHARD_ARRAYS), int(s.block_start), int(s.block_end))
                                  for s, a in self._shards)
         self._fine_block = index.fine_block or L.DEFAULT_FINE_BLOCK
-        self._caches: dict[tuple[float, float], tuple[np.ndarray, bool]] = {}
-        self._min_q: dict[int, float] = {}  # smallest value of each cache, by its id (for search.sum_is_exact)
+        self._caches: dict[tuple, tuple[np.ndarray, bool, tuple]] = {}
+        # Smallest value of each cache, by its id (for search.sum_is_exact). Never cleared, so a search holding a
+        # cache dropped from ``_caches`` still finds it; a float per avgdl a live index ever had.
+        self._min_q: dict[int, float] = {}
 
     def _load(self, a: np.ndarray) -> np.ndarray:
         """A layout array as the kernels read it: copied into memory backed by huge pages when ``resident``, else
@@ -168,24 +170,56 @@ class CpuBackend(Backend):
         return {"backend": self.name, "threads": self.threads, "pruning": self.prune, "window": self._window,
                 "fused_norms": self._fused}
 
-    def _params(self, k1: float, b: float) -> tuple[np.ndarray, bool]:
-        """The norm cache of (k1, b), and whether they are the layout's (whose fine bounds then apply)."""
-        got = self._caches.get((k1, b))
+    def _params(self, k1: float, b: float, avgdl: float | None = None) -> tuple[np.ndarray, bool, tuple]:
+        """The norm cache of (k1, b) and ``avgdl`` (default the index's), whether the layout's bounds apply (the
+        layout's k1 and b), and the shard arguments to search with: the layout's, or for another avgdl, copies
+        whose bounds are scaled to hold under it (``_scaled_bounds``)."""
+        got = self._caches.get((k1, b, avgdl))
         if got is None:
             default = (np.float32(k1) == np.float32(self.index.k1)) and (np.float32(b) == np.float32(self.index.b))
-            cache = bm25.norm_cache(k1, b, self.index.avgdl)
-            got = self._caches[(k1, b)] = (cache, bool(default))
-            self._min_q[id(cache)] = float(cache.min())
+            a = self.index.avgdl if avgdl is None else np.float32(avgdl)
+            cache = bm25.norm_cache(k1, b, a)
+            args = self._shard_args
+            if default and a != self.index.avgdl:
+                args = self._scaled_bounds(cache)
+                default = args is not None
+                args = args or self._shard_args
+            if len(self._caches) > 16:  # a live index's avgdl changes at every refresh: keep a bounded few
+                self._caches.clear()
+            self._min_q[id(cache)] = float(cache.min())  # before the cache is handed out: ``_one`` reads it
+            got = self._caches[(k1, b, avgdl)] = (cache, bool(default), args)
         return got
 
+    def _scaled_bounds(self, cache: np.ndarray) -> tuple | None:
+        """The shard arguments with ``blk_maxq`` and ``fine_maxq`` scaled to bound q under ``cache`` (a live
+        collection's avgdl) instead of the layout's: with r = max over norms of cache / layout cache,
+        ``q' = f32(tf * cache[n]) <= f32 rounded up(maxq * r * (1 + 2^-22))`` (maxq is within 2^-24 of the real
+        ``tf * layout cache[n]``, and rounding is monotone), so pruning stays exact. None where no finite r exists."""
+        own = bm25.norm_cache(self.index.k1, self.index.b, self.index.avgdl).astype(np.float64)
+        new = cache.astype(np.float64)
+        if not (np.all(np.isfinite(own)) and np.all(np.isfinite(new)) and np.all(own > 0)):
+            return None
+        r = float((new / own).max()) * (1.0 + 2.0**-22)
+
+        def scaled(a: np.ndarray) -> np.ndarray:
+            x = np.asarray(a, dtype=np.float64) * r
+            return np.nextafter(x.astype(np.float32), np.float32(np.inf))  # rounded up, whatever f32 rounding did
+
+        out = []
+        for arrays, b0, b1 in self._shard_args:
+            a = list(arrays)
+            a[4], a[8] = scaled(a[4]), scaled(a[8])  # blk_maxq, fine_maxq (``_SHARD_ARRAYS``)
+            out.append((tuple(a), b0, b1))
+        return tuple(out)
+
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
-                     times: StageTimes | None = None) -> list[TopK]:
+                     times: StageTimes | None = None, avgdl: float | None = None) -> list[TopK]:
         t0 = time.perf_counter() if times is not None else 0.0
-        cache, default_params = self._params(k1, b)
+        cache, default_params, args = self._params(k1, b, avgdl)
         if self._executor is not None and len(queries) > 1:
-            results = list(self._executor.map(lambda q: self._one(q, k, cache, default_params), queries))
+            results = list(self._executor.map(lambda q: self._one(q, k, cache, default_params, args=args), queries))
         else:
-            results = [self._one(q, k, cache, default_params) for q in queries]
+            results = [self._one(q, k, cache, default_params, args=args) for q in queries]
         if times is None:
             return [top for top, _ in results]
         # The call's wall time, split as its queries' scoring (a few kept keys ranked in the same call) and
@@ -199,13 +233,13 @@ class CpuBackend(Backend):
 
     def search_with_stats(self, q: QueryTerms, k: int, k1: float, b: float) -> tuple[TopK, dict[str, int]]:
         """One query's top-k and the counts of its work (``STAT_NAMES``: postings scored, scanned, ...)."""
-        cache, default_params = self._params(k1, b)
+        cache, default_params, _ = self._params(k1, b)
         stats = np.zeros(S.N_STATS, dtype=np.int64)
         top, _ = self._one(q, k, cache, default_params, stats)
         return top, dict(zip(STAT_NAMES, stats.tolist()))
 
     def _one(self, q: QueryTerms, k: int, cache: np.ndarray, default_params: bool,
-             stats: np.ndarray | None = None) -> tuple[TopK, float]:
+             stats: np.ndarray | None = None, args: tuple | None = None) -> tuple[TopK, float]:
         """One query's top-k (``search.search_query``), with the seconds of its ranking by NumPy (0 when the
         kernel ranked the kept keys itself)."""
         if q.term_ids.size == 0:
@@ -219,7 +253,7 @@ class CpuBackend(Backend):
             t = self.tuning
             ix = self.index
             docs, scores = S.search_query(
-                self._shard_args, self._fine_block, self._norms, cache, self._min_q[id(cache)], q.term_ids,
+                args or self._shard_args, self._fine_block, self._norms, cache, self._min_q[id(cache)], q.term_ids,
                 q.weights, default_params, self.prune, t.seed, t.seed_exact, k, ix.block_size, ix.tf_bits,
                 self._fused, self._window, t.probe_ratio, t.prefetch_norms, buf.acc, buf.live, buf.touched,
                 buf.cands, top, buf.st, buf.stats if stats is None else stats)

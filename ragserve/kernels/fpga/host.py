@@ -196,10 +196,10 @@ class FpgaHostBackend(Backend):
                 self.block_bits, self.tf_bits)
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
-                     times: StageTimes | None = None) -> list[TopK]:
+                     times: StageTimes | None = None, avgdl: float | None = None) -> list[TopK]:
         if not 1 <= k <= MAX_K:
             raise SearchError(f"the FPGA kernel returns at most k={MAX_K} hits per launch, got k={k}")
-        cache = bm25.norm_cache(k1, b, self.index.avgdl)
+        cache = bm25.norm_cache(k1, b, self.index.avgdl if avgdl is None else avgdl)
         out: list[TopK] = []
         stats = []
         t_launch = t_merge = 0.0

@@ -253,17 +253,21 @@ class GpuBackend(Backend):
                 "batch_rows": p.rows, "accumulator_bytes": p.rows * p.row_bytes, "total_bytes": p.total_bytes}
 
     # -- search -------------------------------------------------------------------------------
-    def _cache(self, k1: float, b: float) -> tuple[np.ndarray, torch.Tensor, float]:
-        """The norm cache of (k1, b) on the host and the device, and its ``_min_q``."""
-        got = self._caches.get((k1, b))  # as given first: the f32 rounding costs a single query ~1 us
+    def _cache(self, k1: float, b: float, avgdl: float | None = None) -> tuple[np.ndarray, torch.Tensor, float]:
+        """The norm cache of (k1, b) and ``avgdl`` (default the index's) on the host and the device, and its
+        ``_min_q``."""
+        got = self._caches.get((k1, b, avgdl))  # as given first: the f32 rounding costs a single query ~1 us
         if got is not None:
             return got
-        key = (float(np.float32(k1)), float(np.float32(b)))
+        a = self.index.avgdl if avgdl is None else np.float32(avgdl)
+        key = (float(np.float32(k1)), float(np.float32(b)), float(a))
         if key not in self._caches:
-            c = bm25.norm_cache(k1, b, self.index.avgdl)
+            if len(self._caches) > 64:  # a live index's avgdl changes at every refresh: keep a bounded few
+                self._caches.clear()
+            c = bm25.norm_cache(k1, b, a)
             self._caches[key] = (c, torch.from_numpy(c).to(self.device), self._min_q(c))
-        self._caches[(k1, b)] = self._caches[key]
-        return self._caches[key]
+        got = self._caches[(k1, b, avgdl)] = self._caches[key]
+        return got
 
     def _min_q(self, cache_np: np.ndarray) -> float:
         """``bm25.sum_is_exact``'s bound: tf >= 1 and norm <= the largest bound tf * cache[norm] below; /4 keeps a
@@ -277,15 +281,15 @@ class GpuBackend(Backend):
         return self._acc[:rows]
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
-                     times: StageTimes | None = None) -> list[TopK]:
+                     times: StageTimes | None = None, avgdl: float | None = None) -> list[TopK]:
         if self._single_graph(queries):
-            return [self._search_one(queries[0], k, k1, b, times)]
+            return [self._search_one(queries[0], k, k1, b, times, avgdl)]
         todo = [i for i, q in enumerate(queries) if len(q)]
         empty = TopK(np.zeros(0, np.int64), np.zeros(0, np.float32)) if len(todo) < len(queries) else None
         results: list[TopK] = [empty] * len(queries)
         chunks = [todo[c:c + self.plan.rows] for c in range(0, len(todo), self.plan.rows)]
         with self._on_device():
-            _, cache, min_q = self._cache(k1, b)
+            _, cache, min_q = self._cache(k1, b, avgdl)
             batches = [[queries[i] for i in idx] for idx in chunks]
             run = self._search_tiled if self._tiles is not None else self._search_dense
             for idx, tops in zip(chunks, run(batches, k, cache, min_q, times)):
@@ -298,15 +302,16 @@ class GpuBackend(Backend):
         the answer (``Backend.search_terms``)."""
         return len(queries) == 1 and self._graphs is not None and self._tiles.plans_on_device(queries[0])
 
-    def _search_one(self, query: QueryTerms, k: int, k1: float, b: float, times: StageTimes | None) -> TopK:
+    def _search_one(self, query: QueryTerms, k: int, k1: float, b: float, times: StageTimes | None,
+                    avgdl: float | None = None) -> TopK:
         """A query the device plans, as one graph launch (``graphs.QueryGraphs``) with none of a batch's bookkeeping:
         a single query's latency is mostly host work (H200 host: ~10 us of it went to the batch path's). ``times``
         gains the graph's own scoring time (its events) as relevancy, the rest of the call as retrieval."""
         if not self._is_current():
             with torch.cuda.device(self.device):
-                return self._search_one(query, k, k1, b, times)
+                return self._search_one(query, k, k1, b, times, avgdl)
         t0 = time.perf_counter() if times is not None else 0.0
-        _, cache, min_q = self._cache(k1, b)
+        _, cache, min_q = self._cache(k1, b, avgdl)
         shift = self._shift(query, min_q)
         self._tiles.begin(1)
         self._graphs.launch(query, shift, self._post, self._norms, cache, k)
