@@ -10,7 +10,7 @@ import torch
 from ragserve.kernels.cpu import decode
 from ragserve.rag.engines import engine_for
 from ragserve.rag.engines.gemma3 import Gemma3Engine
-from ragserve.rag.engines.quantized import QuantMatrix, unpack
+from ragserve.rag.engines.quantized import unpack
 from ragserve.rag.generator import GeneratorError
 from tools.tiny_models import tiny_gemma3
 
@@ -101,7 +101,7 @@ def test_truncate_reuses_the_prefix(tiny):
         engine.step([s], [t])
     engine.truncate(s, len(prefix))
     assert engine.length(s) == len(prefix)
-    reused, _ = [], None
+    reused = []
     row = engine.prefill(s, second)
     for _ in range(15):
         reused.append(int(row.argmax()))

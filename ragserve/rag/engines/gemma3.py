@@ -18,7 +18,6 @@ moves a slot's length, so a prompt prefix kept across retrieval rounds is not re
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -142,6 +141,8 @@ class Gemma3Engine:
         param = next(model.parameters())
         self.device = torch.device(device) if device else param.device
         self.dtype = param.dtype
+        # transformers' embedding scale: sqrt(hidden) rounded to the weights' dtype, on their device
+        self.normalizer = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype, device=self.device)
         self.model, self.cfg = model, cfg
         self.max_slots, self.max_length = max_slots, max_length
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -154,7 +155,6 @@ class Gemma3Engine:
         self.layers = inner.layers
         self.sliding = [t == "sliding_attention" for t in cfg.layer_types]
         self.embed = inner.embed_tokens.weight
-        self.normalizer = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype)
         self.lm_head = model.lm_head.weight
         # RoPE tables of every position, as transformers computes them (f32 products, then cos and sin).
         pos = torch.arange(max_length + 1, dtype=torch.float32)
@@ -280,7 +280,7 @@ class Gemma3Engine:
         """Hidden states after the final norm of ``ids`` placed at ``start..`` in ``slot``'s cache (written)."""
         n = ids.shape[0]
         end = start + n
-        h = F.embedding(ids, self.embed) * self.normalizer.to(self.embed.dtype)
+        h = F.embedding(ids, self.embed) * self.normalizer
         q_pos = torch.arange(start, end, device=self.device)
         k_pos = torch.arange(end, device=self.device)
         causal = k_pos[None, :] <= q_pos[:, None]
@@ -432,7 +432,7 @@ class Gemma3Engine:
         cols = torch.arange(self.max_length + 1, device=self.device)
         causal = (cols[None, :] <= pos[:, None]) & (cols[None, :] < self.max_length)
         masks = {False: causal, True: causal & (cols[None, :] > pos[:, None] - self.window)}
-        h = F.embedding(self._ids, self.embed) * self.normalizer.to(self.embed.dtype)
+        h = F.embedding(self._ids, self.embed) * self.normalizer
         for i, layer in enumerate(self.layers):
             at = layer.self_attn
             cos, sin = (t[pos][:, None] for t in self.rope[self.cfg.layer_types[i]])
