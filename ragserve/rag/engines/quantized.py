@@ -7,6 +7,7 @@ an engine reads a matrix this way: a model whose weights are not the GGUF's keep
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,14 +118,80 @@ def unpack(kind: str, data: np.ndarray) -> QuantMatrix | None:
                        empty if c is None else np.ascontiguousarray(c, dtype=np.float32), group, kind)
 
 
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def _skip_value(buf: bytes, pos: int, kind: int) -> int:
+    """Position after one metadata value of GGUF type ``kind`` at ``pos`` (the value itself is not needed)."""
+    if kind == _STRING:
+        return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
+    if kind == _ARRAY:
+        item, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if item in _SCALAR:
+            return pos + count * struct.calcsize(_SCALAR[item])
+        for _ in range(count):
+            pos = _skip_value(buf, pos, item)
+        return pos
+    return pos + struct.calcsize(_SCALAR[kind])
+
+
+def gguf_tensors(path: str | Path) -> list[tuple[str, str, np.ndarray]]:
+    """Each tensor of a GGUF file (v2/v3) as (name, type name, raw data [rows, row bytes] memory-mapped). The
+    metadata is skipped, not parsed: gguf-py's reader takes tens of seconds over a 262K-token vocabulary."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    head = bytes(raw[:24])
+    magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", head)
+    if magic != b"GGUF" or version < 2:
+        raise ValueError(f"{path}: not a GGUF v2+ file")
+    # The metadata and tensor infos are at the start; read them in growing prefixes until they fit.
+    size = 1 << 24
+    while True:
+        buf = bytes(raw[:size])
+        try:
+            pos, alignment = 24, 32
+            for _ in range(n_kv):
+                (n,) = struct.unpack_from("<Q", buf, pos)
+                key = buf[pos + 8:pos + 8 + n]
+                (kind,) = struct.unpack_from("<I", buf, pos + 8 + n)
+                pos = pos + 12 + n
+                if key == b"general.alignment":
+                    (alignment,) = struct.unpack_from(_SCALAR[kind], buf, pos)
+                pos = _skip_value(buf, pos, kind)
+            infos = []
+            for _ in range(n_tensors):
+                (n,) = struct.unpack_from("<Q", buf, pos)
+                name = buf[pos + 8:pos + 8 + n].decode()
+                pos += 8 + n
+                (dims,) = struct.unpack_from("<I", buf, pos)
+                shape = struct.unpack_from(f"<{dims}Q", buf, pos + 4)
+                kind, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * dims)
+                pos += 4 + 8 * dims + 12
+                infos.append((name, GGMLQuantizationType(kind), shape, offset))
+            break
+        except struct.error:
+            if size >= raw.size:
+                raise
+            size *= 4
+    start = (pos + alignment - 1) // alignment * alignment
+    out = []
+    for name, kind, shape, offset in infos:
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        rows = int(np.prod(shape[1:], dtype=np.int64))
+        row_bytes = shape[0] // block * block_bytes
+        at = start + offset
+        out.append((name, kind.name, raw[at:at + rows * row_bytes].reshape(rows, row_bytes)))
+    return out
+
+
 def read_gguf(path: str | Path) -> dict[str, QuantMatrix]:
     """The quantized matrices of a GGUF file by tensor name (``blk.0.attn_q.weight``, ``token_embd.weight``)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
     out = {}
-    for t in reader.tensors:
-        m = unpack(t.tensor_type.name, np.asarray(t.data))
+    for name, kind, data in gguf_tensors(path):
+        m = unpack(kind, data)
         if m is not None:
-            out[t.name] = m
+            out[name] = m
     return out
