@@ -137,6 +137,18 @@ def test_slots_and_errors(tiny):
         engine_for(llama)
 
 
+def test_bf16_weights_on_the_cpu_take_the_static_step():
+    """The CPU kernels read f32: a bf16 model gets the static step, which decodes as transformers does in bf16."""
+    model = tiny_gemma3(dtype=torch.bfloat16)
+    engine = Gemma3Engine(model, max_slots=1, max_length=64)
+    assert engine.describe()["step"] == "static"
+    got, logits = engine_greedy(engine, PROMPTS[1], 6)
+    assert all(r.dtype == torch.float32 for r in logits)
+    assert got[:2] == hf_greedy(model, PROMPTS[1], 2)[0]
+    with pytest.raises(GeneratorError, match="f32"):
+        Gemma3Engine(model, max_slots=1, max_length=64, dense_step=False)
+
+
 def test_attention_map_matches_transformers(tiny):
     """DRAGIN's signal: the last layer's attention averaged over heads, formed for that layer only."""
     engine = Gemma3Engine(tiny, max_slots=1, max_length=96)

@@ -125,7 +125,7 @@ class Gemma3Engine:
     any. ``threads``: numba threads of the CPU decode kernels (0: one, which a busy core cannot stall; see
     ``ragserve.kernels.cpu.decode``); prefill uses torch's own threads. ``graphs``: the
     capture/replay driver of the CUDA step (default ``CudaGraphs`` on CUDA; None elsewhere: the static step runs
-    eagerly), used whenever ``dense_step`` is on, which it is on CUDA."""
+    eagerly), used whenever ``dense_step`` is on, which it is on CUDA and for weights other than f32."""
 
     def __init__(self, model: torch.nn.Module, device: str | None = None, max_slots: int = 4,
                  max_length: int = 4096, gguf: str | Path | None = None, threads: int = 0,
@@ -174,14 +174,15 @@ class Gemma3Engine:
         self.is_open = [False] * max_slots
         self.threads = threads
         on_cuda = self.device.type == "cuda"
-        self.dense_step = on_cuda if dense_step is None else dense_step
+        # The CPU kernels read f32 weights (or the GGUF's, checked against f32): other dtypes take the static step.
+        self.dense_step = (on_cuda or self.dtype != torch.float32) if dense_step is None else dense_step
         self.graphs = (CudaGraphs() if on_cuda else None) if graphs is None else graphs
         self._graph = None
         self._out: torch.Tensor | None = None  # the static step's buffers, made at its first use
         self.weights = "f32"
         if not self.dense_step:
-            if self.device.type != "cpu":
-                raise _error("the kernel decode step runs on the CPU only")
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise _error("the kernel decode step runs on the CPU over f32 weights only")
             self._setup_kernels(self._find_gguf(gguf))
 
     # -- setup ------------------------------------------------------------------------------
