@@ -142,6 +142,18 @@ def test_stop_sequences_cut_the_text(client):
     assert cut.message.content == full[:full.index(stop)] and cut.finish_reason == "stop"
 
 
+def test_sampling_is_seeded(client):
+    """temperature > 0 samples from the top_p nucleus; the same seed gives the same text, and the first token of a
+    nucleus of one token is the greedy one."""
+    kw = dict(model="ragserve/none", max_tokens=8, messages=[{"role": "user", "content": QUESTION}])
+    greedy = client.chat.completions.create(**kw).choices[0].message.content
+    a = client.chat.completions.create(temperature=1.5, seed=11, **kw).choices[0].message.content
+    b = client.chat.completions.create(temperature=1.5, seed=11, **kw).choices[0].message.content
+    assert a == b
+    tiny_nucleus = client.chat.completions.create(temperature=1.5, top_p=1e-9, seed=3, **kw).choices[0].message
+    assert tiny_nucleus.content == greedy
+
+
 BAD = [  # (body changes or a whole body, the status, the OpenAI error param)
     ({"model": "gpt-4o"}, 404, "model"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),
@@ -150,7 +162,7 @@ BAD = [  # (body changes or a whole body, the status, the OpenAI error param)
     ({"max_tokens": -5}, 400, "max_tokens"),
     ({"max_completion_tokens": MAX_NEW + 1}, 400, "max_completion_tokens"),
     ({"temperature": "hot"}, 400, "temperature"),
-    ({"temperature": 0.7}, 400, "temperature"),
+    ({"temperature": 2.5}, 400, "temperature"),
     ({"top_p": 0}, 400, "top_p"),
     ({"messages": "What is BM25?"}, 400, "messages"),
     ({"messages": None}, 400, "messages"),

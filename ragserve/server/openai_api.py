@@ -11,6 +11,7 @@ clients ignore; a request may send its own ``ragserve`` object (method options, 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import time
 import uuid
@@ -165,15 +166,18 @@ class Common:
         if _integer(body, "n", 1) not in (None, 1):
             raise unsupported("n", "above 1 is not supported: ragserve generates one choice (greedy decoding "
                                    "would repeat it)")
-        # Greedy decoding is exact for temperature 0; the argmax token lies inside every top_p nucleus, so top_p
-        # changes nothing at temperature 0, and a seed has nothing to seed.
-        if _number(body, "temperature", 0, 2) not in (None, 0.0):
-            raise unsupported("temperature", "above 0 is not supported: this server decodes greedily; send 0 "
-                                             "or leave it out")
+        # Temperature 0 (the default) decodes greedily: exact, and top_p and seed change nothing then. Above 0
+        # the generator samples from the top_p nucleus with the seed's own random stream.
+        temperature = _number(body, "temperature", 0, 2)
         top_p = _number(body, "top_p", 0, 1)
         if top_p == 0:
             raise bad("top_p", "top_p must be above 0")
-        _integer(body, "seed", -(2 ** 63), 2 ** 63 - 1)  # checked only: greedy decoding draws nothing
+        seed = _integer(body, "seed", -(2 ** 63), 2 ** 63 - 1)
+        self.sampling = None
+        if temperature:
+            from ragserve.rag.decoding import Sampling  # torch: only a server with a generator gets here
+
+            self.sampling = Sampling(temperature=temperature, top_p=1.0 if top_p is None else top_p, seed=seed)
         self.stop = _stop(body)
         self.stream = body.get("stream", False) is True
         if body.get("stream") not in (None, True, False):
@@ -375,6 +379,8 @@ def register(app: Flask, answers: AnswerService | None, searcher: RetrieverSet, 
             req = answer_request(common.answer_body(question), config, answers.methods, answers.default_method)
         except ApiError as e:
             raise _renamed(e, "messages" if earlier is not None else "prompt", common.max_tokens_param) from None
+        if common.sampling is not None:
+            req = dataclasses.replace(req, sampling=common.sampling)
         deadline = g.deadline
         if not common.stream:
             try:
