@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ragserve.rag.model_path import model_path_problem
+from ragserve.rag.model_path import model_dir, model_path_problem
 from ragserve.rag.text import sentence_ends
 
 
@@ -107,8 +107,8 @@ class Generator:
             dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
         self.dtype = getattr(torch, dtype)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model)
-            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir(model), dtype=self.dtype)
         except (OSError, ValueError) as e:
             raise GeneratorError(f"cannot load a causal LM from {model!r}: {e}") from e
         self._setup(model, temperature, seed)
