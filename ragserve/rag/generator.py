@@ -228,7 +228,9 @@ class Generator:
         if max_new_tokens < 1:
             raise GeneratorError("max_new_tokens must be >= 1")
         ids = self._fit(self.tokenizer(prompt).input_ids, max_new_tokens)
-        out = self.model(torch.tensor([ids], device=self.device), use_cache=True)
+        # only the last position's logits: with a 262K vocabulary (Gemma 3) the full [prompt, vocab] output costs
+        # more than the rest of the prefill
+        out = self.model(torch.tensor([ids], device=self.device), use_cache=True, logits_to_keep=1)
         past = out.past_key_values
         new: list[int] = []
         logps, ents, lengths = [], [], []
