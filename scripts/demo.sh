@@ -35,4 +35,6 @@ PORT=${PORT:-8080}
 echo "demo: serving $INDEX with $MODEL; open http://127.0.0.1:$PORT/ once /readyz says ready (loading the model" \
      "and a first generation take about half a minute; the first start also compiles the search kernels), or try:"
 echo "  curl -s localhost:$PORT/v1/answer -H 'Content-Type: application/json' -d '{\"question\": \"When did Apollo 11 land on the Moon?\"}'"
-exec "$RAGSERVE" serve --index "$INDEX" --port "$PORT" --model "$MODEL" "$@"
+# An answer on a busy 2-core machine can take minutes (two prefills of a ~1,000-token prompt on the CPU): the demo
+# waits up to 5 minutes for one instead of the server's 60 s default.
+exec "$RAGSERVE" serve --index "$INDEX" --port "$PORT" --model "$MODEL" --request-timeout 300 "$@"
