@@ -64,7 +64,7 @@ def encoder_dir(path: str | Path) -> Path:
     except ModelError as e:
         raise EmbedderError(str(e)) from None
     if not root.is_dir():
-        raise EmbedderError(f"{root}: no such model directory")
+        raise EmbedderError(f"{root} is a file, not a model directory")
     return root
 
 
