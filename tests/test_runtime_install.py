@@ -32,7 +32,8 @@ pytestmark = pytest.mark.slow
 def venv_python() -> Path:
     py = VENV / "bin" / "python"
     if not py.exists():
-        message = f"no runtime-only venv at {VENV} (.ci/setup.sh makes it: VENV=.venv-runtime bash scripts/setup.sh runtime)"
+        message = (f"no runtime-only venv at {VENV} (.ci/setup.sh makes it: VENV=.venv-runtime bash "
+                   f"scripts/setup.sh runtime)")
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
