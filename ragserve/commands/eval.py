@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", metavar="FILE", help="dataset file in its native format")
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help="dataset format (default: detect)")
     p.add_argument("--method", choices=METHOD_CHOICES, help="RAG method")
-    p.add_argument("--model", metavar="PATH", help="causal LM: local directory or cached hub id")
+    p.add_argument("--model", metavar="PATH", help="causal LM: a local directory, an installed short name "
+                                                   "(gemma-270m) or a hub id in the local cache")
     p.add_argument("--index", metavar="DIR", help="index (needed by every method but 'none', unless --memory)")
     add_backend_arg(p)
     p.add_argument("--device", default="auto", help="generator device: auto, cpu, cuda, cuda:0 ...")

@@ -9,7 +9,7 @@ import sys
 import threading
 
 from ragserve.cli import CliError
-from ragserve.commands import add_backend_arg, check_backend
+from ragserve.commands import add_backend_arg, check_backend, check_cuda
 from ragserve.rag.model_path import model_path_problem
 
 ENV_API_KEY = "RAGSERVE_API_KEY"
@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "a web page at /. Binds to 127.0.0.1 unless --host says otherwise; a "
                                    "non-loopback bind needs an API key. SIGTERM finishes in-flight requests.")
     p.add_argument("--index", required=True, metavar="DIR", help="index directory (ragserve index)")
-    p.add_argument("--model", metavar="PATH", help="generator model directory; without it /v1/answer is off")
+    p.add_argument("--model", metavar="PATH", help="generator: a model directory, an installed short name (gemma-270m: "
+                                                   "'ragserve models install gemma-270m') or a hub id in the local "
+                                                   "cache; without it /v1/answer is off")
     add_backend_arg(p)
     p.add_argument("--xclbin", help="FPGA bitstream for --backend fpga")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -214,6 +216,9 @@ def _check_startup(args: argparse.Namespace) -> None:
     for model in (args.model, args.reranker, args.memory_model):
         if model and (problem := model_path_problem(model)):
             raise CliError(problem)
+    check_cuda([f"{option} {value}" for option, value, used in (
+        ("--device", args.device, args.model), ("--embed-device", args.embed_device, True),
+        ("--memory-backend", args.memory_backend, args.memory_model)) if used and value.startswith(("cuda", "gpu"))])
 
 
 def _serve_process(args: argparse.Namespace, cfg, worker, stop: threading.Event, sockets: list | None,

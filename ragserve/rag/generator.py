@@ -22,7 +22,7 @@ from ragserve.rag.batcher import Batcher, DecodeSession
 from ragserve.rag.decoding import (STOP_MODES, Decode, Generation, GeneratorError, Sampling,  # noqa: F401
                                    spans_from_lengths, stop_point)
 from ragserve.rag.engines import engine_for
-from ragserve.rag.model_path import model_path_problem
+from ragserve.rag.model_path import model_dir, model_path_problem
 
 # The sparse attention a caller chose for the generations run inside ``Generator.attention_scope`` (a server
 # request's), over the generator's own default.
@@ -65,8 +65,8 @@ class Generator:
             dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
         self.dtype = getattr(torch, dtype)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model)
-            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir(model), dtype=self.dtype)
         except (OSError, ValueError) as e:
             raise GeneratorError(f"cannot load a causal LM from {model!r}: {e}") from e
         self._setup(model, temperature, seed, engine, max_slots)

@@ -1,24 +1,30 @@
-"""Checking a ``--model`` / ``--reranker`` argument before anything heavy is loaded: a path that is not a model
-directory would otherwise reach the Hugging Face hub client, which answers seconds later with an unrelated
-"Repo id must be in the form ..."."""
+"""Checking a ``--model`` / ``--reranker`` argument before anything heavy is loaded, and the directory it names.
+
+Local names come first and nothing reaches a hub: a directory, an installed short name (``gemma-270m``,
+``minilm``: ``ragserve.models``) or a hub id already in the local Hugging Face cache. Anything else fails in one line
+at once, where the hub client would retry for a minute and then answer with an unrelated message."""
 from __future__ import annotations
 
-import re
-from pathlib import Path
+from ragserve.models import ModelError, resolve_model
 
-# A hub id: "name" or "org/name" (the form transformers looks up in the local cache).
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 CONFIG = "config.json"
 
 
+def model_dir(model: str) -> str:
+    """The model directory ``model`` names (a path, a short name or a cached hub id); ``ModelError`` (one line)
+    when it names none, or a folder without a ``config.json``."""
+    p = resolve_model(model)
+    if not p.is_dir():
+        raise ModelError(f"{model} is a file, not a model directory")
+    if not (p / CONFIG).is_file():
+        raise ModelError(f"{model}: no {CONFIG} there, so not a model directory")
+    return str(p)
+
+
 def model_path_problem(model: str) -> str | None:
-    """Why ``model`` names no loadable model, or None: a local directory with a ``config.json``, or a hub id
-    that is not a local path (left to the loader, which looks in the local cache)."""
-    p = Path(model).expanduser()
-    if p.is_dir():
-        return None if (p / CONFIG).is_file() else f"{model}: no {CONFIG} there, so not a model directory"
-    if p.exists():
-        return f"{model} is a file, not a model directory"
-    if not _HUB_ID.fullmatch(model):
-        return f"no model directory at {model}"
+    """Why ``model`` names no loadable model directory, or None."""
+    try:
+        model_dir(model)
+    except ModelError as e:
+        return str(e)
     return None

@@ -15,7 +15,7 @@ import torch
 from indexer.reader import IndexReader
 from ragserve.rag.generator import GeneratorError, resolve_device
 from ragserve.kernels.contract import SearchError, StageTimes
-from ragserve.rag.model_path import model_path_problem
+from ragserve.rag.model_path import model_dir, model_path_problem
 from ragserve.retrieval.searcher import Hit, Searcher
 
 
@@ -32,8 +32,8 @@ class CrossEncoder:
         self.device = resolve_device(device)
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model)
-            self.model = AutoModelForSequenceClassification.from_pretrained(model, dtype=dtype)
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir(model))
+            self.model = AutoModelForSequenceClassification.from_pretrained(model_dir(model), dtype=dtype)
         except (OSError, ValueError) as e:
             raise GeneratorError(f"cannot load a cross-encoder from {model!r}: {e}") from e
         self.model.to(self.device).eval()

@@ -54,12 +54,24 @@ def _pooling_mode(cfg: dict, where: Path) -> str:
     return on[0]
 
 
+def encoder_dir(path: str | Path) -> Path:
+    """The directory ``path`` names: a path, an installed short name (``minilm``) or a cached hub id
+    (``ragserve.models.resolve_model``); ``EmbedderError`` when it names no directory."""
+    from ragserve.models import ModelError, resolve_model
+
+    try:
+        root = resolve_model(path)
+    except ModelError as e:
+        raise EmbedderError(str(e)) from None
+    if not root.is_dir():
+        raise EmbedderError(f"{root} is a file, not a model directory")
+    return root
+
+
 def read_encoder_config(path: str | Path) -> tuple[str, bool, int | None, Path]:
     """(pooling mode, normalize, max_seq_length or None, transformer directory) of a sentence-encoder directory;
     ``EmbedderError`` for anything else (a causal LM, a cross-encoder, a plain transformer without pooling)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise EmbedderError(f"{root}: no such model directory")
+    root = encoder_dir(path)
     modules_file = root / "modules.json"
     if not modules_file.is_file():
         raise EmbedderError(f"{root} is not a sentence encoder (no modules.json with a Pooling module; "
@@ -114,6 +126,7 @@ class Embedder:
                  dtype: str = "auto") -> None:
         from transformers import AutoModel, AutoTokenizer
 
+        path = encoder_dir(path)
         mode, normalize, cfg_len, tdir = read_encoder_config(path)
         self.device = resolve_device(device)
         self.batch_size = batch_size or (256 if self.device.startswith("cuda") else 32)
