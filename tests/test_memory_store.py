@@ -162,7 +162,7 @@ def test_store_fpga_sim_recalls_what_cpu_does(tmp_path, tiny_encoder):
             assert [i for i, _ in f] == [i for i, _ in h] and np.allclose([x for _, x in f], [x for _, x in h],
                                                                           atol=1e-6)
     # the command line on the same kernel: the same hits
-    r = run_cli("memory", "search", "--memory", str(tmp_path / "mem"), "--backend", "fpga-sim", "-k", "10", "--json",
+    r = run_cli("memory", "search", "--memory", str(tmp_path / "mem"), "--memory-backend", "fpga-sim", "-k", "10", "--json",
                 "heron", timeout=300)
     assert r.returncode == 0, r.stderr
     f = [(h["id"], h["score"]) for h in json.loads(r.stdout)]

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "at the end the writes are committed as a delta segment. Fails if a server "
                                    "started with --writes holds the index: send writes to it (POST /v1/documents).")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="corpus files")
-    p.add_argument("--index", required=True, metavar="DIR")
+    p.add_argument("--index", required=True, metavar="DIR", help="index directory (a plain index becomes a live one)")
     p.add_argument("--format", default="auto", choices=["auto", *FORMATS], type=canonical_format,
                    help="input format (default auto)")
     p.add_argument("--passage-words", type=int, default=100,
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Delete documents by their corpus ids (a plain index becomes a live one). "
                                    "Ids the index does not hold are reported and ignored.")
     p.add_argument("ids", nargs="*", metavar="ID", help="document ids")
-    p.add_argument("--index", required=True, metavar="DIR")
+    p.add_argument("--index", required=True, metavar="DIR", help="index directory (a plain index becomes a live one)")
     p.add_argument("--ids-file", metavar="FILE", help="a file of ids, one a line")
     p.add_argument("--merge", action="store_true", help="merge all segments into one afterwards")
     p.set_defaults(func=run_delete)
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("merge", help="merge a live index's segments into one, dropping deleted documents",
                        description="Fold every segment of a live index into one segment without its deleted "
                                    "documents (searches then run on one segment, as on a fresh build).")
-    p.add_argument("--index", required=True, metavar="DIR")
+    p.add_argument("--index", required=True, metavar="DIR", help="index directory (a plain index becomes a live one)")
     p.set_defaults(func=run_merge)
 
 

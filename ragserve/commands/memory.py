@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Add each TEXT (or each line of --file) as an entry; prints their ids. A new "
                                    "DIR is made with --model.")
     common(add)
-    add.add_argument("texts", nargs="*", metavar="TEXT")
+    add.add_argument("texts", nargs="*", metavar="TEXT", help="texts to remember (or --file)")
     add.add_argument("--file", metavar="FILE", help="one text per line ('-': standard input)")
     add.add_argument("--metadata", metavar="JSON", help="a JSON object stored with each text")
     add.add_argument("--model", metavar="DIR",
@@ -40,9 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = a.add_parser("search", help="the entries nearest a query",
                      description="Top-k entries by the inner product of the embeddings (cosine for MiniLM).")
     common(s)
-    s.add_argument("query")
+    s.add_argument("query", help="what to recall")
     s.add_argument("-k", type=int, default=5, help="hits (default 5)")
-    s.add_argument("--backend", default="cpu", choices=["cpu", "gpu", "fpga-sim"],
+    s.add_argument("--memory-backend", default="cpu", choices=["cpu", "gpu", "fpga-sim"],
                    help="memory bank kernels: cpu (default), gpu, fpga-sim (at most 256 dimensions)")
     s.add_argument("--device", help="torch device of the gpu backend (default cuda)")
     s.add_argument("--embed-device", default="cpu", help="encoder device: cpu (default), cuda[:N], auto")
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = a.add_parser("delete", help="delete entries by id", description="Forget the entries with these ids.")
     common(d)
-    d.add_argument("ids", nargs="+", type=int, metavar="ID")
+    d.add_argument("ids", nargs="+", type=int, metavar="ID", help="ids of the entries to delete")
     d.set_defaults(func=run_delete)
 
 
@@ -131,7 +131,7 @@ def run_search(args: argparse.Namespace) -> int:
         raise CliError("the query is empty")
     if args.k < 1:
         raise CliError(f"-k must be at least 1, got {args.k}")
-    store = _open(args, backend=args.backend, device=args.device, embed_device=args.embed_device)
+    store = _open(args, backend=args.memory_backend, device=args.device, embed_device=args.embed_device)
     try:
         hits = store.search(args.query, args.k)  # loads the encoder
     except _encoder_errors() as e:
