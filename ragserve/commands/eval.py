@@ -128,7 +128,7 @@ def run_build_index(args: argparse.Namespace) -> int:
 def _retriever(args: argparse.Namespace):
     from ragserve.commands.retrieval_options import open_retriever
     from ragserve.rag.generator import GeneratorError
-    from ragserve.rag.rerank import RerankingSearcher, load_reranker
+    from ragserve.retrieval.rerank import RerankingSearcher, load_reranker
     from ragserve.kernels.contract import SearchError
 
     if args.memory:

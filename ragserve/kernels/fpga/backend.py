@@ -8,6 +8,7 @@ run at once, and the per-shard top-k lists are merged on the host.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +34,12 @@ def import_pyxrt() -> ModuleType:
 
 class FpgaBackend(FpgaHostBackend):
     name = "fpga"
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        if importlib.util.find_spec("pyxrt") is None:
+            return False, "pyxrt (Xilinx XRT) is not importable"
+        return True, ""
 
     def __init__(self, index: IndexReader, xclbin: str | os.PathLike | None = None, device: int = 0,
                  batch_size: int = DEFAULT_BATCH, **options) -> None:
