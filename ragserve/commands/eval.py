@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ragserve.cli import CliError, output_path
 from ragserve.commands import check_backend
-from ragserve.rag.model_path import model_path_problem
+from ragserve.model_path import model_path_problem
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
 METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")

@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ragserve.rag.model_path import model_path_problem
+from ragserve.model_path import model_path_problem
 from ragserve.rag.text import sentence_ends
 
 

@@ -18,7 +18,7 @@ import torch
 
 from indexer.reader import IndexReader
 from ragserve.kernels.contract import SearchError, StageTimes
-from ragserve.rag.model_path import model_path_problem
+from ragserve.model_path import model_path_problem
 from ragserve.retrieval.contract import Hit, Retriever
 from ragserve.retrieval.dense import DENSE_DIR, DenseIndex, passage_text
 from ragserve.retrieval.embedder import Embedder, EmbedderError, read_encoder_config, resolve_device
