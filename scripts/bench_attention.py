@@ -46,6 +46,9 @@ from ragserve.kernels.gpu.attention_triton import DEFAULT, TritonAttentionSettin
 from ragserve.kernels.gpu.select_triton import bucket_topk, radix_topk
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools.provenance import stamp  # noqa: E402
+
 Q_HEADS, KV_HEADS, DIM = 32, 8, 128
 INDEX_HEADS, INDEX_DIM = 64, 128
 BUDGET, SINK, LOCAL = 2048, 16, 64
@@ -235,7 +238,7 @@ def save(report: dict, path: Path) -> None:
     """Rewrite the report (through a temporary file: a crash mid-write keeps the last one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.write_text(json.dumps(stamp(report), indent=1) + "\n")
     tmp.replace(path)
 
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 from ragserve.kernels.gpu.ip_topk import IpTopkTuning, ip_topk, mixed_mm  # noqa: E402
 from ragserve.memory.bank import MemoryBank  # noqa: E402
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 T0 = time.time()
 DIM = 384
@@ -371,7 +372,7 @@ def main() -> None:
     log(f"done in {report['seconds']:.0f} s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(stamp(report), indent=1) + "\n")
 
 
 if __name__ == "__main__":

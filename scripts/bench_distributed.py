@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tools.machine import cpu_model, gpu_name  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 ARGUANA = REPO.parent / "shared" / "data" / "beir-arguana"
 
@@ -153,7 +154,7 @@ def main() -> int:
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, separators=(",", ":")) + "\n")
+        Path(args.json).write_text(json.dumps(stamp(report), separators=(",", ":")) + "\n")
     print(json.dumps({k: report[k] for k in ("local", "seconds")}))
     return 0
 

@@ -53,6 +53,7 @@ from ragserve.kernels.contract import StageTimes  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from ragserve.topics import read_queries  # noqa: E402
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 T0 = time.time()
 
@@ -359,7 +360,7 @@ def main() -> int:
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, separators=(",", ":"), default=float))
+        args.json.write_text(json.dumps(stamp(report), separators=(",", ":"), default=float))
 
     jobs = [(n, Path(i), Path(t)) for n, i, t in args.real]
     for name, docs in args.synth:

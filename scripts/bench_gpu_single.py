@@ -23,6 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.provenance import stamp  # noqa: E402
+
 # the GpuSettings fields of each variant (the rest the checkout's defaults)
 VARIANTS = {"default": {}, "sample": {"sample_min_units": 0}, "no-sample": {"sample_min_units": 1 << 62},
             "no-running": {"running_threshold": False}}
@@ -101,7 +104,7 @@ def main() -> int:
             report["results"][f"{name}/{qname} k={k}"] = res
             print(f"{name}/{qname} k={k} {json.dumps(res)}", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1))
+    args.json.write_text(json.dumps(stamp(report), indent=1))
     return 0
 
 

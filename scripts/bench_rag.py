@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable from a bare checkout
 
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "hotpotqa-dev500-ircot" / "dev_subsampled.jsonl"
 ALL_METHODS = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")
@@ -77,7 +78,7 @@ def main() -> int:
     from ragserve.rag.generator import Generator
     from ragserve.rag.methods import build_method
     from ragserve.rag.prompts import PromptBuilder, load_exemplars
-    from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
+    from ragserve.retrieval.rerank import CrossEncoder, RerankingSearcher
     from ragserve.kernels.contract import SearchError
     from ragserve.retrieval.searcher import Searcher
 
@@ -138,7 +139,8 @@ def main() -> int:
     print(f"# {json.dumps(env)}")
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps({"environment": env, "args": vars(args), "results": results}, indent=2))
+        Path(args.json).write_text(json.dumps(stamp({"environment": env, "args": vars(args), "results": results}),
+                                              indent=2))
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if results else 1

@@ -71,6 +71,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import numpy as np  # noqa: E402
 
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 T0 = time.time()
 DATA = REPO.parent / "shared" / "data"
@@ -198,7 +199,7 @@ def build_cross_encoder(shape: dict, tok, work: Path, device: str):
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
-    from ragserve.rag.rerank import CrossEncoder
+    from ragserve.retrieval.rerank import CrossEncoder
 
     out = work / "cross-encoder"
     shutil.rmtree(out, ignore_errors=True)
@@ -485,10 +486,32 @@ def batch_rows(gen, prompts, examples, batch: int, retriever: MappedRetriever | 
     return rows
 
 
+def _identical_calls(b: dict, c: dict) -> tuple[int, int, list[tuple[dict, dict]]]:
+    """(questions whose output text equals the cpu run's, questions, the search calls of both runs with the same
+    query, up to each question's first differing query)."""
+    def text(row: dict) -> str:  # a run in memory holds the text, a saved report its hash
+        return row["output"] if "output" in row else row.get("output_sha1")
+
+    def query(call: dict) -> tuple:  # the mapped query, or in a saved report its term count and postings
+        return (tuple(call["queries"]) if "queries" in call else tuple(call.get("query_terms", ())),
+                call.get("postings"))
+
+    same_out, pairs = 0, []
+    for rb, rc in zip(b["rows"], c["rows"]):
+        same_out += text(rb) == text(rc)
+        for x, y in zip(rb["calls"], rc["calls"]):
+            if query(x) != query(y):
+                break
+            pairs.append((x, y))
+    return same_out, len(b["rows"]), pairs
+
+
 def speedups(cells: list[dict]) -> None:
-    """End-to-end speed-up of each backend's cell over the cpu cell of the same method, path and batch: measured
-    (wall over wall) and with the cpu run's apply time held (only the three memory stages differ: the backends
-    generate the same tokens, so this is the retrieval's effect without the generation's run-to-run noise)."""
+    """Each backend's cell against the cpu cell of the same method, path and batch: the wall-clock speed-up; the
+    BM25 speed-up over the searches both runs made with the same query (like for like); and, only where both runs
+    generated the same text (so formed the same queries), the speed-up with the cpu run's apply time held. A greedy
+    decode is not guaranteed to repeat across runs on a GPU (a random-weight model's near-tied logits flip on any
+    rounding difference), so that is checked per question, never assumed."""
     base = {(c["method"], c["batch"], c["path"]): c for c in cells if c["backend"] == "cpu"}
     for c in cells:
         b = base.get((c["method"], c["batch"], c["path"]))
@@ -496,9 +519,18 @@ def speedups(cells: list[dict]) -> None:
             continue
         sb, sc = b["summary"], c["summary"]
         c["e2e_speedup_vs_cpu"] = sb["seconds_per_question"] / sc["seconds_per_question"]
-        mem_b = sum(sb["stage_ms_per_question"][k] for k in STAGES if k != "apply") / 1000
-        mem_c = sum(sc["stage_ms_per_question"][k] for k in STAGES if k != "apply") / 1000
-        c["e2e_speedup_vs_cpu_apply_held"] = sb["seconds_per_question"] / (sb["seconds_per_question"] - mem_b + mem_c)
+        same_out, n, pairs = _identical_calls(b, c)
+        calls = sum(len(r["calls"]) for r in b["rows"])
+        c["same_as_cpu"] = {"outputs": f"{same_out}/{n}", "identical_queries": f"{len(pairs)}/{calls}"}
+        if pairs:
+            ms_b = sum(x["relevancy"] + x["retrieval"] for x, _ in pairs)
+            ms_c = sum(y["relevancy"] + y["retrieval"] for _, y in pairs)
+            c["bm25_speedup_vs_cpu_identical_queries"] = ms_b / ms_c if ms_c else None
+        if same_out == n:
+            mem_b = sum(sb["stage_ms_per_question"][k] for k in STAGES if k != "apply") / 1000
+            mem_c = sum(sc["stage_ms_per_question"][k] for k in STAGES if k != "apply") / 1000
+            c["e2e_speedup_vs_cpu_apply_held"] = sb["seconds_per_question"] / (sb["seconds_per_question"] - mem_b
+                                                                               + mem_c)
         rb = sum(sb["stage_ms_per_question"][k] for k in ("relevancy", "retrieval"))
         rc = sum(sc["stage_ms_per_question"][k] for k in ("relevancy", "retrieval"))
         c["relevancy_retrieval_speedup_vs_cpu"] = rb / rc if rc else None
@@ -506,8 +538,8 @@ def speedups(cells: list[dict]) -> None:
 
 def table(cells: list[dict]) -> str:
     head = ("method", "path", "batch", "backend", "n", "ret/q", "tok/q", "s/q", "prep%", "rel%", "retr%", "apply%",
-            "memory%", "BM25 ms/query", "postings/query", "e2e vs cpu", "e2e vs cpu, apply held",
-            "seeds' fpga e2e (b1)")
+            "memory%", "BM25 ms/query", "postings/query", "same as cpu: texts, queries", "BM25 vs cpu, same queries",
+            "e2e vs cpu", "e2e vs cpu, apply held (same texts only)", "seeds' fpga e2e (b1)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:
         s = c["summary"]
@@ -523,6 +555,9 @@ def table(cells: list[dict]) -> str:
             f"{s['retrievals_per_question']:.2f}", f"{s['tokens_per_question']:.1f}", f"{s['seconds_per_question']:.3f}",
             *(f"{100 * sh[k]:.1f}" for k in STAGES), f"{100 * s['memory_share']:.1f}",
             f"{bm:.2f}" if bm is not None else "-", f"{pq:,.0f}" if pq is not None else "-",
+            ", ".join(c["same_as_cpu"].values()) if "same_as_cpu" in c else "-",
+            f"{c['bm25_speedup_vs_cpu_identical_queries']:.0f}x" if c.get("bm25_speedup_vs_cpu_identical_queries")
+            else "-",
             f"{sp:.3f}x" if sp is not None else "-", f"{sh_:.3f}x" if sh_ is not None else "-",
             seed if c["backend"] == "fpga" else ""]) + " |")
     return "\n".join(lines)
@@ -549,7 +584,11 @@ def compact(obj):
 
 
 def print_report(report: dict) -> None:
-    """The table, DRAGIN's attention passes and the GPU memory of a (possibly partial) results JSON."""
+    """The table, DRAGIN's attention passes and the GPU memory of a (possibly partial) results JSON (the
+    comparisons with the cpu cells recomputed by this script's rules)."""
+    for c in report["cells"]:
+        c.pop("e2e_speedup_vs_cpu_apply_held", None)
+    speedups(report["cells"])
     print(table(report["cells"]))
     for c in report["cells"]:
         a = c["summary"].get("attention")
@@ -646,7 +685,7 @@ def main() -> int:
     from ragserve.rag.generator import Generator, GeneratorError, resolve_device
     from ragserve.rag.methods import build_method
     from ragserve.rag.prompts import PROMPTS_DIR, PromptBuilder, load_exemplars
-    from ragserve.rag.rerank import RerankingSearcher
+    from ragserve.retrieval.rerank import RerankingSearcher
     from ragserve.retrieval.searcher import Searcher
     from indexer.reader import IndexReader
     from synth_layout import QueryMapper, write_layout
@@ -669,7 +708,7 @@ def main() -> int:
     def save() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(compact(report), separators=(",", ":"), default=float))
+        tmp.write_text(json.dumps(stamp(compact(report)), separators=(",", ":"), default=float))
         tmp.replace(args.out)
 
     def step(name: str, t: float) -> None:

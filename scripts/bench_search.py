@@ -51,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 from tools.peers import engines as E  # noqa: E402
 
 ORDER = ["ragserve", "pyserini", "bm25s", "bm25s-ours", "pisa", "tantivy", "rank-bm25"]
@@ -439,7 +440,7 @@ def realistic_main(args: argparse.Namespace) -> int:
     for name, why in res["missing"].items():
         print(f"- {name}: not measured ({why})")
     if args.json:
-        args.json.write_text(json.dumps(res, indent=1))
+        args.json.write_text(json.dumps(stamp(res), indent=1))
     return 0
 
 
@@ -518,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             if "top10" in r:
                 r["agree10"] = agreement(r["top10"], base["top10"]) if base else None
         kept = [{k: v for k, v in r.items() if k != "top10"} for r in results]
-        args.json.write_text(json.dumps(kept, separators=(",", ":")))
+        args.json.write_text(json.dumps(stamp({"engines": kept}), separators=(",", ":")))
     return 0
 
 

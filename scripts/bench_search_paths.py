@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 
 def _commit(code: Path) -> str:
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"searcher stage times p50 (us): prepare {st['prepare']}, relevancy {st['relevancy']}, "
           f"retrieval {st['retrieval']}")
     if a.out:
-        a.out.write_text(json.dumps(report, separators=(",", ":")))
+        a.out.write_text(json.dumps(stamp(report), separators=(",", ":")))
     s.close()
     return 0
 

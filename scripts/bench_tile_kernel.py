@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from indexer.reader import IndexReader  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 from ragserve.kernels.gpu import cuda_kernels as CK  # noqa: E402
 from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
 from ragserve.kernels.gpu.relevancy import TileScorer  # noqa: E402
@@ -149,7 +150,7 @@ def main() -> int:
         out["versions"][name] = res
         print(name, json.dumps(res), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
+        args.json.write_text(json.dumps(stamp(out), indent=1))
     return 0
 
 

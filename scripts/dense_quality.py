@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from indexer.reader import IndexReader  # noqa: E402
 from indexer.writer import BuildOptions, build_index  # noqa: E402
 from ragserve.ireval import evaluate  # noqa: E402
-from ragserve.rag.rerank import RerankingSearcher  # noqa: E402
+from ragserve.retrieval.rerank import RerankingSearcher  # noqa: E402
 from ragserve.retrieval.dense import DENSE_DIR, DenseIndex, DenseSearcher, build_dense_index  # noqa: E402
 from ragserve.retrieval.embedder import Embedder  # noqa: E402
 from ragserve.retrieval.hybrid import FusionOptions, HybridSearcher  # noqa: E402

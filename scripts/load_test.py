@@ -62,6 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 MAX_CLIENTS = 256
 MAX_DURATION_S = 600.0
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if server_rc is not None:
         report["server_exit"] = server_rc
     print(table(report), flush=True)
-    text = json.dumps(report, separators=(",", ":"))
+    text = json.dumps(stamp(report), separators=(",", ":"))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")

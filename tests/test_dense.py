@@ -165,7 +165,7 @@ def test_fuse_keeps_ties_by_docid_and_counts_missing_as_zero():
 
 # -- the bi-encoder reranker ---------------------------------------------------------------------
 def test_bi_encoder_rerank_uses_the_model_with_or_without_stored_embeddings(wiki300_dense, minilm):
-    from ragserve.rag.rerank import RerankingSearcher, load_reranker
+    from ragserve.retrieval.rerank import RerankingSearcher, load_reranker
     from ragserve.retrieval.rerank import BiEncoderReranker
 
     bm25 = Searcher(wiki300_dense)

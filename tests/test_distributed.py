@@ -11,6 +11,9 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -226,6 +229,60 @@ def test_killed_replica_gives_clear_error_or_flagged_partial_result_then_recover
     new_pids = distributed.backend.pids()
     assert new_pids[victim] != pids[victim] and new_pids[:victim] == pids[:victim]
     assert all(_keys(distributed.search(q, k=10, with_text=False)) == want[q] for q in qs)
+
+
+@pytest.fixture
+def short_deadline(distributed):
+    """The shared searcher with a 3 s first-answer deadline for one test."""
+    before = distributed.backend.timeout_s
+    distributed.backend.timeout_s = 3.0
+    yield distributed
+    distributed.backend.timeout_s = before
+
+
+def _stopped(pid: int, seconds: float) -> threading.Timer:
+    """Stop a replica's process now (SIGSTOP: a real slow replica) and let it go on after ``seconds``."""
+    os.kill(pid, signal.SIGSTOP)
+    t = threading.Timer(seconds, os.kill, (pid, signal.SIGCONT))
+    t.start()
+    return t
+
+
+def test_slow_replica_is_retried_once_before_it_counts_as_missing(short_deadline, local, queries):
+    s = short_deadline
+    q = queries[3]
+    want = _keys(local.search(q, k=10, with_text=False))
+    pid = s.backend.pids()[1]
+    # Slower than one deadline, within two: the retry's window takes the answer; a full, exact list.
+    timer = _stopped(pid, 4.5)
+    try:
+        assert _keys(s.search(q, k=10, with_text=False)) == want
+    finally:
+        timer.join()
+    # Slower than both: the group counts as missing, and the message says it was retried.
+    timer = _stopped(pid, 9.0)
+    try:
+        with pytest.raises(ShardsUnavailable, match="nor a retry within 3 s more") as e:
+            s.search(q, k=10, with_text=False)
+        assert set(e.value.missing) == set(s.plan[1])
+    finally:
+        timer.join()
+    assert _keys(s.search(q, k=10, with_text=False)) == want
+
+
+def test_distributed_search_with_the_cores_held_busy(distributed, local, queries):
+    """Two busy loops at the searcher's own priority hold both cores for the test's duration (bounded by their
+    own timeout too): every batch still answers, exactly."""
+    busy = [subprocess.Popen(["timeout", "300", sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        qs = queries[:120]
+        for i in range(0, len(qs), 40):
+            got = distributed.search_batch(qs[i:i + 40], k=10, with_text=False)
+            assert [_keys(h) for h in got] == [_keys(local.search(q, k=10, with_text=False)) for q in qs[i:i + 40]]
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
 
 
 def test_search_cli_on_ray(ray_cluster, small_index, local):

@@ -45,8 +45,12 @@ def test_cli_search_fpga_without_pyxrt_is_one_clear_line(capsys, monkeypatch, ho
 
 def test_fpga_sim_rejects_k_above_the_kernel_limit(hotpot_index):
     s = Searcher(hotpot_index, backend="fpga-sim")
-    with pytest.raises(SearchError, match="at most k=1024"):
+    assert s.max_k == 1024  # declared by the backend, checked by the retrieval contract before any launch
+    with pytest.raises(SearchError, match="between 1 and 1024 on the fpga-sim backend"):
         s.search(QUERY, k=1025)
+    with pytest.raises(SearchError, match="at most k=1024"):  # the backend itself still refuses it
+        s.backend.search_terms([s.analyze(QUERY)], 1025, 0.9, 0.4)
+    assert len(s.search(QUERY, k=1024)) > 0
 
 
 def test_fpga_sim_rejects_blocks_smaller_than_a_norm_word(tmp_path):

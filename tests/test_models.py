@@ -15,7 +15,7 @@ import pytest
 
 from ragserve import models
 from ragserve.models import MINILM, ModelError, install, resolve_model
-from ragserve.rag.model_path import model_dir, model_path_problem
+from ragserve.model_path import model_dir, model_path_problem
 from tests.serverproc import run_cli
 
 pytest.importorskip("all_minilm_l6_v2")

@@ -19,7 +19,7 @@ from ragserve.rag.engines.reference import ReferenceEngine
 from ragserve.rag.generator import Generator, GeneratorError
 from ragserve.rag.methods import METHOD_NAMES, build_method
 from ragserve.rag.prompts import PromptBuilder, load_exemplars
-from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
+from ragserve.retrieval.rerank import CrossEncoder, RerankingSearcher
 from ragserve.retrieval.searcher import Searcher
 from tests import rag_support as S
 

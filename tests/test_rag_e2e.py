@@ -11,7 +11,7 @@ import pytest
 from ragserve.rag.flare import masked_query
 from ragserve.rag.methods import METHOD_NAMES, build_method
 from ragserve.rag.prompts import PromptBuilder, load_exemplars
-from ragserve.rag.rerank import CrossEncoder, RerankingSearcher
+from ragserve.retrieval.rerank import CrossEncoder, RerankingSearcher
 from ragserve.retrieval.searcher import Searcher
 from tests import rag_support as S
 

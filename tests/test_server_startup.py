@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from ragserve.rag.model_path import model_path_problem
+from ragserve.model_path import model_path_problem
 from tests.serverproc import ServerProcess, run_cli
 
 

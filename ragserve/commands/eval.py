@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ragserve.cli import CliError, output_path
 from ragserve.commands import add_backend_arg, check_backend
-from ragserve.rag.model_path import model_path_problem
+from ragserve.model_path import model_path_problem
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
 METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")
@@ -159,7 +159,7 @@ def run_build_index(args: argparse.Namespace) -> int:
 def _retriever(args: argparse.Namespace):
     from ragserve.commands.retrieval_options import open_retriever
     from ragserve.rag.generator import GeneratorError
-    from ragserve.rag.rerank import RerankingSearcher, load_reranker
+    from ragserve.retrieval.rerank import RerankingSearcher, load_reranker
     from ragserve.kernels.contract import SearchError
 
     if args.memory:

@@ -54,7 +54,7 @@ def open_retriever(args: argparse.Namespace, backend_options: dict | None = None
         cfg.fusion.check()
         retriever = _open(args.index, cfg)
         if getattr(args, "rerank", None):
-            from ragserve.rag.rerank import RerankingSearcher, load_reranker
+            from ragserve.retrieval.rerank import RerankingSearcher, load_reranker
 
             reranker = load_reranker(args.rerank, device=rerank_device, index=retriever.index)
             retriever = RerankingSearcher(retriever, reranker, depth=args.rerank_depth)

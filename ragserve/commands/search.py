@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ray-groups", type=int, default=0, metavar="N",
                    help="with --ray: shard groups, one actor each (default: as many as the cluster holds, "
                         "at most one per shard)")
+    p.add_argument("--ray-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="with --ray: seconds a shard group has to answer a batch; one that misses it is asked "
+                        "again and has as long once more before its shards count as unavailable (default 30)")
     from ragserve.commands.retrieval_options import add_retriever_args
 
     add_retriever_args(p)
@@ -69,10 +72,12 @@ def _distributed_searcher(args: argparse.Namespace, opts: dict):
 
         from ragserve.kernels.registry import resolve_backend_name
 
+        if not args.ray_timeout > 0:
+            raise CliError(f"--ray-timeout must be positive, got {args.ray_timeout:g}")
         backend = resolve_backend_name(args.backend)  # the actors reserve a GPU only for the gpu backend
-        return DistributedSearcher(args.index, ray=args.ray, groups=args.ray_groups or None,
-                                   options=GroupOptions(backend=backend, backend_options=opts,
-                                                        num_gpus=1.0 if backend == "gpu" else 0.0))
+        options = GroupOptions(backend=backend, backend_options=opts, num_gpus=1.0 if backend == "gpu" else 0.0)
+        return DistributedSearcher(args.index, ray=args.ray, groups=args.ray_groups or None, options=options,
+                                   timeout_s=args.ray_timeout)
     except (RayUnavailable, ValueError) as e:
         raise CliError(str(e)) from e
 
@@ -80,7 +85,7 @@ def _distributed_searcher(args: argparse.Namespace, opts: dict):
 def run(args: argparse.Namespace) -> int:
     from ragserve.kernels.contract import ShardsUnavailable
     from ragserve.kernels.contract import SearchError
-    from ragserve.retrieval.searcher import MAX_K
+    from ragserve.retrieval.contract import MAX_K
 
     if (args.query is None) == (args.queries is None):
         raise CliError("give either a QUERY or --queries FILE")

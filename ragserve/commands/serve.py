@@ -10,7 +10,7 @@ import threading
 
 from ragserve.cli import CliError
 from ragserve.commands import add_backend_arg, check_backend, check_cuda
-from ragserve.rag.model_path import model_path_problem
+from ragserve.model_path import model_path_problem
 
 ENV_API_KEY = "RAGSERVE_API_KEY"
 WAITRESS_BODY_SLACK = 1 << 20

@@ -23,16 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from indexer import bm25
 from indexer import layout as L
 from indexer.bm25 import QueryTerms
 from indexer.files import sha256_file
 from indexer.reader import IndexReader, InvalidIndexError
 from ragserve.distributed import connect
 from ragserve.distributed.errors import RayUnavailable
-from ragserve.kernels.contract import SearchError, ShardsUnavailable, StageTimes, TopK
+from ragserve.kernels.contract import MAX_K, ShardsUnavailable, StageTimes, TopK
 from ragserve.kernels.registry import get_backend_class
-from ragserve.retrieval.searcher import MAX_K, Hit, Searcher
+from ragserve.retrieval.contract import Hit, Retriever, bm25_params
+from ragserve.retrieval.searcher import Searcher
 
 NAMESPACE = "ragserve"  # Ray namespace of named (serving) shard-group actors
 DEVICE_BACKENDS = {"gpu", "fpga"}  # one device context a replica: its calls are taken one at a time
@@ -183,7 +183,8 @@ class ShardFanout:
 
         t0 = time.perf_counter()
         payload = ray.put(queries) if len(self.actors) > 1 else queries  # serialised once for all groups
-        refs = [a.search.remote(payload, k, k1, b) for a in self.actors]
+        args = (payload, k, k1, b)
+        refs = [a.search.remote(*args) for a in self.actors]
         deadline = time.monotonic() + self.timeout_s
         answers: list[list[TopK]] = []
         lost: dict[int, str] = {}
@@ -195,9 +196,11 @@ class ShardFanout:
                 lost[g] = f"replica of group {g} is down: {type(e).__name__}"
                 continue
             except GetTimeoutError:
-                lost[g] = f"group {g} did not answer within {self.timeout_s:g} s"
-                ray.cancel(ref)
-                continue
+                answer = self._retry(g, ref, args)
+                if isinstance(answer, str):
+                    lost[g] = answer
+                    continue
+                tops, t = answer
             answers.append(tops)
             relevancy = max(relevancy, t.relevancy)
         if lost:
@@ -211,6 +214,23 @@ class ShardFanout:
             times.retrieval += (time.perf_counter() - t0) - relevancy
         return merged
 
+    def _retry(self, g: int, ref, args: tuple) -> tuple[list[TopK], StageTimes] | str:
+        """A group that missed the deadline gets one more: its call is sent again, and whichever of the two
+        answers first within another ``timeout_s`` counts (a slow start, a busy machine); otherwise why not."""
+        ray = self.ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        pending = [ref, self.actors[g].search.remote(*args)]
+        ready, rest = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
+        for r in rest:
+            ray.cancel(r)
+        if not ready:
+            return f"group {g} did not answer within {self.timeout_s:g} s, nor a retry within {self.timeout_s:g} s more"
+        try:
+            return ray.get(ready[0])
+        except (RayActorError, ActorUnavailableError) as e:
+            return f"replica of group {g} is down: {type(e).__name__}"
+
     def pids(self) -> list[int]:
         """Process id of each group's replica (for tests and tools that stop one)."""
         return [self.ray.get(a.info.remote())["pid"] for a in self.actors]
@@ -220,16 +240,24 @@ def _actor_class(ray_module):
     return ray_module.remote(ShardGroup)
 
 
-class DistributedSearcher:
-    """``Searcher``'s search and search_batch over shard groups held by Ray actors: the same hits, ids, ranks
+class DistributedSearcher(Retriever):
+    """A BM25 retriever over shard groups held by Ray actors: the same hits, ids, ranks
     and score bits as a local ``Searcher`` of the same index (the merge is exact).
 
     ``ray``: the cluster's address, or ``local`` to start one here. ``groups``: the number of shard groups
     (default: as many replicas as the cluster holds, at most one per shard) or an explicit plan (lists of shard
     numbers). ``name``: named, detached actors
     that other processes (the Ray Serve ingress replicas) attach to; ``shutdown`` stops them.
+
+    Ready means warm: each replica has run a search before the constructor returns (``ShardGroup``), so no
+    compile or load falls within a request's deadline. ``timeout_s``: the seconds a group has to answer a
+    batch; a group that misses it is asked again and given as long once more (``ShardFanout._retry``) before its
+    shards count as unavailable: a busy machine or a slow start is not a dead replica.
     """
 
+    kind = "bm25"
+    exact = True
+    takes_bm25_params = True
     can_miss_shards = True  # search_batch takes ``missing`` (partial results)
 
     def __init__(self, index: str | Path, ray: str = "local", groups: int | list[list[int]] | None = None,
@@ -288,43 +316,26 @@ class DistributedSearcher:
     def analyze(self, query: str) -> QueryTerms:
         return self._head.analyze(query)
 
-    def hits(self, top: TopK, with_text: bool = True) -> list[Hit]:
-        return self._head.hits(top, with_text)
+    @property
+    def max_k(self) -> int:
+        return min(MAX_K, get_backend_class(self.options.backend).max_k)
 
-    def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
-                     with_text: bool = True, times: StageTimes | None = None,
-                     missing: set[int] | None = None) -> list[list[Hit]]:
-        """Top-k hits of each query, best first. ``missing``: accept partial results, adding the shards that
-        did not answer to this set (without it, ``ShardsUnavailable`` is raised when any did not)."""
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise SearchError("k must be an integer")
-        if not 1 <= k <= MAX_K:
-            raise SearchError(f"k must be between 1 and {MAX_K}, got {k}")
-        k1 = self.index.k1 if k1 is None else float(k1)
-        b = self.index.b if b is None else float(b)
-        try:
-            bm25.check_params(k1, b)
-        except ValueError as e:
-            raise SearchError(str(e)) from e
-        for q in queries:
-            if not isinstance(q, str) or not q.strip():
-                raise SearchError("queries must be non-empty strings")
+    def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
+                      times: StageTimes | None, missing: set[int] | None = None) -> list[list[Hit]]:
+        """``missing``: accept partial results, adding the shards that did not answer to this set (without it,
+        ``ShardsUnavailable`` is raised when any did not)."""
+        k1, b = bm25_params(self.index, k1, b)
         t0 = time.perf_counter()
         analysed = [self.analyze(q) for q in queries]
         t1 = time.perf_counter()
         kt = StageTimes()
-        tops = self.backend.search_terms(analysed, int(k), k1, b, kt, missing)
+        tops = self.backend.search_terms(analysed, k, k1, b, kt, missing)
         t2 = time.perf_counter()
         hits = [self.hits(t, with_text) for t in tops]
         if times is not None:
             times.add(StageTimes(prepare=t1 - t0, relevancy=kt.relevancy,
                                  retrieval=kt.retrieval + (time.perf_counter() - t2)))
         return hits
-
-    def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
-               with_text: bool = True, times: StageTimes | None = None,
-               missing: set[int] | None = None) -> list[Hit]:
-        return self.search_batch([query], k, k1, b, with_text, times, missing)[0]
 
     def close(self) -> None:
         """Stop the actors this searcher owns (named ones live on until ``shutdown``)."""

@@ -19,6 +19,8 @@ import numpy as np
 from indexer.bm25 import QueryTerms
 from indexer.reader import IndexReader
 
+MAX_K = 10_000  # the largest k any retriever answers; a backend may declare less (``Backend.max_k``)
+
 
 class SearchError(ValueError):
     """Bad search input (empty query, k out of range, bad k1/b): callers turn it into a 4xx / exit 2."""
@@ -76,6 +78,7 @@ class Backend(ABC):
 
     name: ClassVar[str]
     thread_safe: ClassVar[bool] = False
+    max_k: ClassVar[int] = MAX_K  # the largest k ``search_terms`` answers (the FPGA kernel's top-k holds 1024)
 
     def __init__(self, index: IndexReader, **options) -> None:
         self.index = index

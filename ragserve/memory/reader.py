@@ -17,8 +17,8 @@ from typing import Callable, Iterable
 
 from ragserve.kernels.contract import SearchError, StageTimes
 from ragserve.memory.bank import MemoryBank, Recall
+from ragserve.retrieval.contract import Hit, Retriever
 from ragserve.retrieval.embedder import Embedder
-from ragserve.retrieval.searcher import Hit
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,10 @@ def segment_documents(docs: Iterable[tuple[str, str]], tokenizer, tokens: int) -
     return out
 
 
-class MemoryContext:
-    """Reads a long input into a memory bank and recalls from it (``Searcher``'s ``search`` interface)."""
+class MemoryContext(Retriever):
+    """Reads a long input into a memory bank and recalls from it: a retriever over what it has read."""
+
+    kind = "memory"
 
     def __init__(self, embedder: Embedder, options: MemoryOptions = MemoryOptions()) -> None:
         options.check()
@@ -126,11 +128,8 @@ class MemoryContext:
         """Segment ``i`` of a read with the segments recalled into its context (best first) before it."""
         return [self.segments[int(j)] for j in result.recalls[i].ids] + [result.segments[i]]
 
-    def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
-                     with_text: bool = True, times: StageTimes | None = None) -> list[list[Hit]]:
-        for q in queries:
-            if not isinstance(q, str) or not q.strip():
-                raise SearchError("queries must be non-empty strings")
+    def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
+                      times: StageTimes | None) -> list[list[Hit]]:
         t0 = time.perf_counter()
         qv = self.embedder.encode(queries)
         t1 = time.perf_counter()
@@ -142,9 +141,6 @@ class MemoryContext:
         if times is not None:
             times.add(StageTimes(prepare=t1 - t0, relevancy=t2 - t1, retrieval=time.perf_counter() - t2))
         return out
-
-    def search(self, query: str, k: int = 10, *, times: StageTimes | None = None) -> list[Hit]:
-        return self.search_batch([query], k, times=times)[0]
 
     def close(self) -> None:
         self.bank = None

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, ClassVar
 
 from ragserve.rag.generator import Generation, Generator
 from ragserve.rag.metrics import extract_answer
 from ragserve.rag.prompts import PromptBuilder
 from ragserve.rag.text import has_answer, join_text
 from ragserve.rag.trace import Step, Trace
-from ragserve.kernels.contract import StageTimes
-from ragserve.retrieval.searcher import Hit
-
-
-class Retriever(Protocol):
-    """``ragserve.retrieval.searcher.Searcher`` or anything with its ``search`` signature (the two-stage reranker)."""
-
-    def search(self, query: str, k: int = 10, *, times: StageTimes | None = None) -> list[Hit]: ...
+from ragserve.retrieval.contract import Hit, Retriever
 
 
 class MethodError(ValueError):

@@ -22,7 +22,7 @@ from ragserve.rag.batcher import Batcher, DecodeSession
 from ragserve.rag.decoding import (STOP_MODES, Decode, Generation, GeneratorError, Sampling,  # noqa: F401
                                    spans_from_lengths, stop_point)
 from ragserve.rag.engines import engine_for
-from ragserve.rag.model_path import model_dir, model_path_problem
+from ragserve.model_path import model_dir, model_path_problem
 
 # The sparse attention a caller chose for the generations run inside ``Generator.attention_scope`` (a server
 # request's), over the generator's own default.

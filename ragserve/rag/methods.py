@@ -25,7 +25,7 @@ def build_method(name: str, generator: Generator, prompts: PromptBuilder, retrie
     method-specific ones, of which those the method does not take are ignored."""
     if name not in METHODS:
         raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
-    from ragserve.rag.rerank import RerankingSearcher
+    from ragserve.retrieval.rerank import RerankingSearcher
 
     if name == "two-stage" and not isinstance(retriever, RerankingSearcher):
         raise MethodError("method 'two-stage' needs a reranker (--rerank MODEL: a cross-encoder or a sentence encoder)")

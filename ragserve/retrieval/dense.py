@@ -28,7 +28,7 @@ from indexer.files import sha256_file, write_dir_atomically
 from indexer.reader import IndexReader, InvalidIndexError
 from ragserve.kernels.contract import SearchError, StageTimes, TopK
 from ragserve.retrieval.embedder import Embedder, EmbedderError
-from ragserve.retrieval.searcher import MAX_K, Hit, Searcher
+from ragserve.retrieval.contract import Hit, Retriever
 
 FORMAT_NAME = "ragserve-dense"
 FORMAT_VERSION = 1
@@ -282,8 +282,8 @@ def open_dense(index: IndexReader, embedder: Embedder) -> DenseIndex:
     return dense
 
 
-class DenseSearcher:
-    """Embed the query, score every passage by inner product, rank, fetch: ``Searcher``'s interface."""
+class DenseSearcher(Retriever):
+    """Embed the query, score every passage by inner product, rank, fetch."""
 
     kind = "dense"
 
@@ -372,28 +372,18 @@ class DenseSearcher:
             out.append(TopK(d[order], s[order]))
         return out
 
-    def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
-                     with_text: bool = True, times: StageTimes | None = None) -> list[list[Hit]]:
-        if k1 is not None or b is not None:
-            raise SearchError("k1 and b are BM25 parameters; the dense retriever has none")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_K:
-            raise SearchError(f"k must be between 1 and {MAX_K}, got {k}")
+    def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
+                      times: StageTimes | None) -> list[list[Hit]]:
         t0 = time.perf_counter()
         qv = self.embed(queries)
         t1 = time.perf_counter()
         kt = StageTimes()
-        tops = self.search_vectors(qv, int(k), kt)
+        tops = self.search_vectors(qv, k, kt)
         t2 = time.perf_counter()
         hits = [self.hits(t, with_text) for t in tops]
         if times is not None:
             times.add(StageTimes(prepare=t1 - t0, relevancy=kt.relevancy, retrieval=time.perf_counter() - t2))
         return hits
-
-    def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
-               with_text: bool = True, times: StageTimes | None = None) -> list[Hit]:
-        return self.search_batch([query], k, k1, b, with_text, times)[0]
-
-    hits = Searcher.hits  # the same fetch of ids and stored text (it needs only ``self.index``)
 
     def close(self) -> None:
         self._keys = None

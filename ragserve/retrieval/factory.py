@@ -1,7 +1,7 @@
 """One place that turns ``--retriever bm25|dense|hybrid`` and its settings into a retriever over an index.
 
-Every retriever has ``Searcher``'s interface (``search``, ``search_batch``, ``index``, ``backend_name``,
-``close``), so the CLI, the RAG loops and the server take any of them. The dense side runs on the GPU when the
+Every retriever is a ``ragserve.retrieval.contract.Retriever``, so the CLI, the RAG loops and the server take any
+of them. The dense side runs on the GPU when the
 backend is ``gpu`` (or ``auto`` finds one), else on the CPU through faiss; BM25 runs on the backend named.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ from ragserve.kernels.registry import resolve_backend_name
 from ragserve.retrieval.dense import DenseIndex, DenseOptions, DenseSearcher
 from ragserve.retrieval.embedder import Embedder, EmbedderError
 from ragserve.retrieval.hybrid import FusionOptions, HybridSearcher
+from ragserve.retrieval.contract import Hit, Retriever
 from ragserve.retrieval.live import LiveSearcher
-from ragserve.retrieval.searcher import Hit, Searcher
+from ragserve.retrieval.searcher import Searcher
 
 RETRIEVERS = ("bm25", "dense", "hybrid")
 
@@ -68,7 +69,8 @@ def open_live_searcher(index, cfg: RetrievalConfig) -> LiveSearcher:
     return LiveSearcher(index, backend=cfg.backend, **options)
 
 
-def open_retriever(index: str | Path | IndexReader, cfg: RetrievalConfig, embedder: Embedder | None = None):
+def open_retriever(index: str | Path | IndexReader, cfg: RetrievalConfig,
+                   embedder: Embedder | None = None) -> Retriever:
     """The retriever ``cfg.retriever`` names over ``index``; raises ``SearchError``, ``EmbedderError`` or
     ``InvalidIndexError`` (``DenseIndexError``) with one line saying what is wrong."""
     if cfg.retriever not in RETRIEVERS:
@@ -86,9 +88,13 @@ def open_retriever(index: str | Path | IndexReader, cfg: RetrievalConfig, embedd
     return HybridSearcher(Searcher(reader, backend=cfg.backend, **cfg.backend_options), dense, cfg.fusion)
 
 
-class RetrieverSet:
+class RetrieverSet(Retriever):
     """The server's retrievers over one index: BM25 always; dense and hybrid too when a dense searcher is given
-    (they share one query encoder and one copy of the embeddings). ``search_batch`` takes the retriever's name."""
+    (they share one query encoder and one copy of the embeddings). ``search_batch`` takes the retriever's name;
+    the one named checks k, k1 and b against its own limits."""
+
+    kind = "set"
+    takes_bm25_params = True
 
     def __init__(self, bm25: Searcher, dense: DenseSearcher | None = None,
                  fusion: FusionOptions = FusionOptions(), default: str = "bm25") -> None:
@@ -146,9 +152,9 @@ class RetrieverSet:
     def analyze(self, query: str):
         return self.bm25.analyze(query)
 
-    def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
-                     with_text: bool = True, times: StageTimes | None = None, retriever: str | None = None,
-                     missing: set[int] | None = None, deadline: float | None = None) -> list[list[Hit]]:
+    def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
+                      times: StageTimes | None, retriever: str | None = None, missing: set[int] | None = None,
+                      deadline: float | None = None) -> list[list[Hit]]:
         """``missing`` and ``deadline`` are BM25's (a sharded searcher's missing shards, its queue's deadline);
         dense and hybrid search run on the caller's thread, so neither applies to them."""
         chosen = self.get(retriever)
@@ -156,10 +162,6 @@ class RetrieverSet:
         if chosen is self.bm25:
             extra = {n: v for n, v in (("missing", missing), ("deadline", deadline)) if v is not None}
         return chosen.search_batch(queries, k=k, k1=k1, b=b, with_text=with_text, times=times, **extra)
-
-    def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
-               with_text: bool = True, times: StageTimes | None = None) -> list[Hit]:
-        return self.get().search(query, k=k, k1=k1, b=b, with_text=with_text, times=times)
 
     def describe(self) -> dict:
         return {"default": self.default, "available": self.names}

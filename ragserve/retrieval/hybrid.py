@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ragserve.kernels.contract import SearchError, StageTimes
-from ragserve.retrieval.searcher import MAX_K, Hit
+from ragserve.kernels.contract import MAX_K, SearchError, StageTimes
+from ragserve.retrieval.contract import Hit, Retriever
 
 FUSIONS = ("rrf", "linear")
 
@@ -65,10 +65,11 @@ def fuse(rankings: list[tuple[np.ndarray, np.ndarray]], weights: list[float], k:
     return uniq[order], total[order]
 
 
-class HybridSearcher:
-    """BM25 (``Searcher``) and dense (``DenseSearcher``) top-``depth`` lists fused; ``Searcher``'s interface."""
+class HybridSearcher(Retriever):
+    """A BM25 retriever's and a dense retriever's top-``depth`` lists fused (k1 and b go to the BM25 side)."""
 
     kind = "hybrid"
+    takes_bm25_params = True
 
     def __init__(self, bm25, dense, options: FusionOptions = FusionOptions()) -> None:
         options.check()
@@ -90,11 +91,13 @@ class HybridSearcher:
         return {"retriever": "hybrid", "fusion": self.options.method, "bm25": self.bm25.backend.describe(),
                 "dense": self.dense.describe()}
 
-    def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
-                     with_text: bool = True, times: StageTimes | None = None) -> list[list[Hit]]:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_K:
-            raise SearchError(f"k must be between 1 and {MAX_K}, got {k}")
-        depth = max(int(k), self.options.depth)
+    @property
+    def max_k(self) -> int:
+        return min(self.bm25.max_k, self.dense.max_k)
+
+    def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
+                      times: StageTimes | None) -> list[list[Hit]]:
+        depth = min(max(k, self.options.depth), self.max_k)  # a backend's lower limit bounds the depth too
         sparse = self.bm25.search_batch(queries, k=depth, k1=k1, b=b, with_text=False, times=times)
         dense = self.dense.search_batch(queries, k=depth, with_text=False, times=times)
         t0 = time.perf_counter()
@@ -104,17 +107,13 @@ class HybridSearcher:
             rank = [(np.array([h.docid for h in hits], np.int64), np.array([h.score for h in hits], np.float64))
                     for hits in (hs, hd)]
             hits = []
-            for d, s in zip(*fuse(rank, w, int(k), self.options)):
+            for d, s in zip(*fuse(rank, w, k, self.options)):
                 title, text = self.index.document(int(d)) if with_text else ("", "")
                 hits.append(Hit(docid=int(d), id=self.index.external_id(int(d)), score=float(s), title=title, text=text))
             out.append(hits)
         if times is not None:
             times.retrieval += time.perf_counter() - t0
         return out
-
-    def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
-               with_text: bool = True, times: StageTimes | None = None) -> list[Hit]:
-        return self.search_batch([query], k, k1, b, with_text, times)[0]
 
     def close(self) -> None:
         self.bm25.close()

@@ -132,7 +132,7 @@ class AnswerService:
             generator = self._load_generator(self.model_name, device=self.device, **extra)
             path, depth = self._reranker
             if path:
-                from ragserve.rag.rerank import RerankingSearcher, load_reranker
+                from ragserve.retrieval.rerank import RerankingSearcher, load_reranker
                 self.reranking = RerankingSearcher(self.searcher, load_reranker(path, device=self.device,
                                                                                 index=self.searcher.index), depth)
             if self.memory_model:

@@ -27,7 +27,7 @@ import numpy as np
 from indexer.reader import IndexReader
 from indexer import bm25
 from indexer import layout as L
-from indexer.writer import fine_bounds
+from indexer.bounds import fine_bounds
 from ragserve.kernels.cpu import relevancy as R
 from ragserve.kernels.cpu import search as S
 from ragserve.kernels.cpu.selection import SMALL_TOPK, topk_sorted

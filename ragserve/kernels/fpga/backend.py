@@ -8,6 +8,7 @@ run at once, and the per-shard top-k lists are merged on the host.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType

@@ -170,6 +170,8 @@ def merge_shards(results: list[LaunchResult], k: int) -> list[TopK]:
 class FpgaHostBackend(Backend):
     """Batches queries, launches one kernel run per shard for each batch and merges: ``launch`` is the device."""
 
+    max_k = MAX_K  # the kernel's on-chip top-k (hls_bm25/bm25_topk.h)
+
     def __init__(self, index: IndexReader, batch_size: int = DEFAULT_BATCH, **options) -> None:
         super().__init__(index)
         if unknown := set(options) - self.accepted_options():

@@ -3,6 +3,8 @@
 The kernel source ``hls_bm25/bm25_topk.cpp`` is compiled with g++ as a shared library (the same source and flags
 as ``make -C hls_bm25 lib``), cached under a build directory keyed by the hash of the sources and flags, and
 called through ctypes once per shard and batch, exactly where the ``fpga`` backend launches a compute unit.
+The sources are the ``hls_bm25`` package's files, found through ``importlib.resources``: the same lookup in a
+source checkout and in an installed wheel.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from functools import cache
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +25,6 @@ from indexer.reader import IndexReader
 from ragserve.kernels.fpga.host import (DEFAULT_BATCH, FpgaHostBackend, FpgaUnavailableError,
                                          LaunchResult, QueryBatch)
 
-HLS_DIR = Path(__file__).resolve().parents[3] / "hls_bm25"
 # Each kernel's source and every file it includes (the cache key hashes them all).
 KERNEL_SOURCES = {
     "bm25_topk": ("bm25_topk.cpp", "bm25_topk.h", "topk_select.h", "shim/hls_stream.h"),
@@ -40,21 +43,33 @@ _ARGTYPES = [_u32p, _u8p, _u32p, _u32p, _u32p, _f32p, _u32p, _u32p, _f32p, _u32p
 _CALL_LOCK = threading.Lock()
 
 
+@cache
+def hls_dir() -> Path:
+    """The folder of the ``hls_bm25`` package (a checkout's ``hls_bm25/`` or the installed package's)."""
+    try:
+        root = resources.files("hls_bm25")
+    except ModuleNotFoundError:
+        raise FpgaUnavailableError("the HLS kernel sources (the hls_bm25 package) are not installed; reinstall "
+                                   "ragserve") from None
+    return Path(str(root))
+
+
 def _cache_dirs() -> list[Path]:
-    return [HLS_DIR / "build" / "sim", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ragserve"
-            / "fpga-sim"]
+    # The user's cache first: an installed package's folder may be read-only, and is no place for build outputs.
+    return [Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ragserve" / "fpga-sim",
+            hls_dir() / "build" / "sim"]
 
 
 def library_path(kernel: str = "bm25_topk") -> Path:
     """Build the C-simulation library of ``kernel`` if needed (g++), and return its path."""
     sources = KERNEL_SOURCES[kernel]
-    missing = [s for s in sources if not (HLS_DIR / s).is_file()]
+    src = hls_dir()
+    missing = [s for s in sources if not (src / s).is_file()]
     if missing:
-        raise FpgaUnavailableError(f"the kernel source is missing ({HLS_DIR}/{missing[0]}); fpga-sim needs a "
-                                   f"ragserve source checkout with hls_bm25/")
+        raise FpgaUnavailableError(f"the kernel source is missing ({src}/{missing[0]}); reinstall ragserve")
     h = hashlib.sha256(" ".join(CXXFLAGS).encode())
     for s in sources:
-        h.update(s.encode() + b"\0" + (HLS_DIR / s).read_bytes())
+        h.update(s.encode() + b"\0" + (src / s).read_bytes())
     key = h.hexdigest()[:16]
     for d in _cache_dirs():
         so = d / key / f"lib{kernel}.so"
@@ -75,7 +90,7 @@ def library_path(kernel: str = "bm25_topk") -> Path:
         except OSError as e:
             errors.append(f"{out_dir}: {e}")
             continue
-        cmd = [cxx, *CXXFLAGS, f"-I{HLS_DIR / 'shim'}", f"-I{HLS_DIR}", "-o", tmp, str(HLS_DIR / sources[0])]
+        cmd = [cxx, *CXXFLAGS, f"-I{src / 'shim'}", f"-I{src}", "-o", tmp, str(src / sources[0])]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             os.unlink(tmp)

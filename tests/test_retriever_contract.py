@@ -1,0 +1,191 @@
+"""Every registered backend and every retriever through the one retrieval contract (``ragserve.retrieval.contract``).
+
+One index (300 Wikipedia passages, several blocks and shards, with a dense part of the real all-MiniLM-L6-v2), one
+set of checks for all: the result's shape and order, ``search`` = ``search_batch``, the same answer twice, the
+declared k limit honoured (k = max_k answers, max_k + 1 is a ``SearchError``), bad k, queries, k1 and b refused
+with a ``SearchError``, and, where a retriever promises exactness, the cpu ``Searcher``'s ids and score bits (at
+the index's k1 and b and at others). A retriever class that is not run here fails the coverage check.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import numpy as np
+import pytest
+import torch
+
+import ragserve
+from ragserve.kernels.contract import MAX_K, SearchError
+from ragserve.kernels.registry import backend_names, get_backend_class
+from ragserve.retrieval.contract import Hit, Retriever
+from ragserve.retrieval.searcher import Searcher
+from tests import rag_support as S
+from tests.conftest import shared
+
+QUERIES = ["who wrote the declaration of independence", "largest city in the united states", "the river nile"]
+# What a backend needs to run on this machine without its device (the gpu kernels on torch's CPU device).
+BACKEND_OPTIONS = {"gpu": {} if torch.cuda.is_available() else {"device": "cpu"}}
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, minilm):
+    from indexer.writer import BuildOptions, build_index
+    from ragserve.retrieval.dense import build_dense_index
+
+    d = tmp_path_factory.mktemp("contract")
+    corpus = d / "wiki300.jsonl"
+    with open(shared("wiki18-100w-passages-sample", "sample_data.jsonl"), encoding="utf-8") as f:
+        corpus.write_text("".join(line for _, line in zip(range(300), f)), encoding="utf-8")
+    out = d / "index"
+    build_index([corpus], out, BuildOptions(block_size=1 << 6, bank_bytes=160 << 10, progress=False, workers=1))
+    build_dense_index(out, minilm)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(index):
+    s = Searcher(index, backend="cpu")
+    yield s
+    s.close()
+
+
+def _bm25(index, backend):
+    return lambda: Searcher(index, backend=backend, **BACKEND_OPTIONS.get(backend, {}))
+
+
+@pytest.fixture(scope="module")
+def factories(index, minilm, request):
+    """name -> a function opening that retriever over ``index`` (opened lazily: a failing one fails its own test)."""
+    from ragserve.memory.reader import MemoryContext, MemoryOptions
+    from ragserve.retrieval.dense import DenseSearcher
+    from ragserve.retrieval.factory import RetrieverSet
+    from ragserve.retrieval.hybrid import HybridSearcher
+    from ragserve.retrieval.rerank import CrossEncoder, RerankingSearcher
+
+    def distributed():
+        from ragserve.distributed.shards import DistributedSearcher
+
+        return DistributedSearcher(index, ray=request.getfixturevalue("ray_cluster"), groups=2, timeout_s=120)
+
+    def memory():
+        from indexer.reader import IndexReader
+
+        m = MemoryContext(minilm, MemoryOptions(segment_tokens=64))
+        reader = IndexReader(index)
+        m.read([reader.document(i) for i in range(40)])
+        return m
+
+    out = {f"bm25-{b}": _bm25(index, b) for b in backend_names()}
+    out.update({
+        "bm25-ray": distributed,
+        "dense-cpu": lambda: DenseSearcher(index, minilm, backend="cpu"),
+        "dense-gpu": lambda: DenseSearcher(index, minilm, backend="gpu", device=None if torch.cuda.is_available()
+                                           else "cpu"),
+        "hybrid": lambda: HybridSearcher(Searcher(index), DenseSearcher(index, minilm)),
+        "rerank": lambda: RerankingSearcher(Searcher(index), CrossEncoder(str(S.tiny_cross_encoder()), device="cpu"),
+                                            depth=20),
+        "memory": memory,
+        "set": lambda: RetrieverSet(Searcher(index), DenseSearcher(index, minilm), default="hybrid"),
+    })
+    return out
+
+
+NAMES = ([f"bm25-{b}" for b in backend_names()]
+         + ["bm25-ray", "dense-cpu", "dense-gpu", "hybrid", "rerank", "memory", "set"])
+
+
+def _open(factories, name):
+    backend = name[len("bm25-"):] if name.startswith("bm25-") and name != "bm25-ray" else None
+    if backend is not None and backend not in BACKEND_OPTIONS:
+        ok, why = get_backend_class(backend).is_available()
+        if not ok:  # a backend that cannot run here says so with a typed error, never a wrong answer
+            with pytest.raises(SearchError):
+                factories[name]()
+            pytest.skip(f"{backend}: {why}")
+    return factories[name]()
+
+
+def _bits(hits: list[Hit]) -> list[tuple]:
+    """Ids and scores; float equality of scores read from f32 (or f64) is equality of their bits."""
+    return [(h.docid, h.id, h.score) for h in hits]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_retriever_contract(name, factories, reference):
+    r = _open(factories, name)
+    try:
+        assert isinstance(r, Retriever)
+        # -- answers: one best-first list per query, at most k, the same through search and twice over
+        batch = r.search_batch(QUERIES, k=7)
+        assert len(batch) == len(QUERIES)
+        for q, hits in zip(QUERIES, batch):
+            assert 1 <= len(hits) <= 7 and all(isinstance(h, Hit) for h in hits)
+            scores = [h.score for h in hits]
+            assert scores == sorted(scores, reverse=True), scores
+            assert len({h.docid for h in hits}) == len(hits)
+            assert all(h.text for h in hits)
+            alone = r.search(q, k=7)
+            if r.exact:  # one query alone or in a batch: the same bits
+                assert _bits(alone) == _bits(hits)
+            else:  # an encoder pads a batch to its longest text, which moves the last bits of an embedding
+                assert [h.docid for h in alone] == [h.docid for h in hits]
+                np.testing.assert_allclose([h.score for h in alone], scores, rtol=0, atol=1e-5)
+        assert [_bits(h) for h in r.search_batch(QUERIES, k=7)] == [_bits(h) for h in batch]  # the same call twice
+        assert all(not h.text for h in r.search(QUERIES[0], k=3, with_text=False))
+        assert r.search_batch([], k=3) == []
+        # -- exactness where promised: the cpu searcher's ids and score bits, at other k1 and b too
+        if r.exact:
+            assert [_bits(h) for h in batch] == [_bits(h) for h in reference.search_batch(QUERIES, k=7)]
+            assert (_bits(r.search(QUERIES[1], k=5, k1=1.2, b=0.75))
+                    == _bits(reference.search(QUERIES[1], k=5, k1=1.2, b=0.75)))
+        # -- the declared limit: max_k answers, one more is refused before any work
+        assert 1 <= r.max_k <= MAX_K
+        assert len(r.search(QUERIES[2], k=r.max_k, with_text=False)) >= 1
+        with pytest.raises(SearchError, match=f"between 1 and {r.max_k}"):
+            r.search(QUERIES[2], k=r.max_k + 1)
+        # -- bad input: typed errors
+        for bad_k in (0, -3, True, 2.5, "7"):
+            with pytest.raises(SearchError):
+                r.search_batch(QUERIES[:1], k=bad_k)
+        for bad in ([""], ["  "], [3], "a string, not a list", None):
+            with pytest.raises(SearchError):
+                r.search_batch(bad, k=3)
+        if r.takes_bm25_params:
+            with pytest.raises(SearchError):
+                r.search(QUERIES[0], k=3, k1=-1.0)
+            with pytest.raises(SearchError):
+                r.search(QUERIES[0], k=3, b=1.5)
+        else:
+            with pytest.raises(SearchError, match="BM25 parameters"):
+                r.search(QUERIES[0], k=3, k1=1.2)
+    finally:
+        r.close()
+
+
+def test_every_retriever_class_is_in_the_contract_test(factories):
+    """Each ``Retriever`` subclass in the package is one that ``test_retriever_contract`` opens."""
+    for mod in pkgutil.walk_packages(ragserve.__path__, "ragserve."):
+        if mod.name.endswith("__main__") or mod.name.startswith(("ragserve.kernels.gpu", "ragserve.attention")):
+            continue  # the CLI's entry point; no retrievers in the others, some need a GPU toolchain to import
+        try:
+            importlib.import_module(mod.name)
+        except ImportError:
+            continue
+
+    def subclasses(c):
+        for s in c.__subclasses__():
+            yield s
+            yield from subclasses(s)
+
+    covered = {"Searcher", "DistributedSearcher", "DenseSearcher", "HybridSearcher", "RerankingSearcher",
+               "MemoryContext", "RetrieverSet"}
+    assert {c.__name__ for c in subclasses(Retriever)} == covered
+
+
+def test_every_registered_backend_declares_a_k_limit():
+    for name in backend_names():
+        cls = get_backend_class(name)
+        assert 1 <= cls.max_k <= MAX_K, name
+    assert get_backend_class("fpga-sim").max_k == get_backend_class("fpga").max_k == 1024
