@@ -4,7 +4,9 @@ One index (300 Wikipedia passages, several blocks and shards, with a dense part 
 set of checks for all: the result's shape and order, ``search`` = ``search_batch``, the same answer twice, the
 declared k limit honoured (k = max_k answers, max_k + 1 is a ``SearchError``), bad k, queries, k1 and b refused
 with a ``SearchError``, and, where a retriever promises exactness, the cpu ``Searcher``'s ids and score bits (at
-the index's k1 and b and at others). A retriever class that is not run here fails the coverage check.
+the index's k1 and b and at others). The live index's searcher runs over the same passages written in pieces
+among documents later replaced or deleted (several segments, tombstones): exact too, against the fresh build. A
+retriever class that is not run here fails the coverage check.
 """
 from __future__ import annotations
 
@@ -44,6 +46,37 @@ def index(tmp_path_factory, minilm):
 
 
 @pytest.fixture(scope="module")
+def live_index(index):
+    """``index``'s 300 passages written to a live index 60 at a time, each batch with copies of passages (deleted at
+    the end) and a draft of the next batch's first passage (replaced by it), then refreshed: six segments with
+    tombstones whose live documents, in last-written order, are ``index``'s, so ``index`` is their fresh build."""
+    from indexer.readers import iter_documents
+    from indexer.readers.model import Document
+    from indexer.segments import LiveIndex, MergePolicy, default_settings
+
+    docs = list(iter_documents([index.parent / "wiki300.jsonl"]))
+    path = index.parent / "live"
+    settings = {**default_settings(), "block_size": 1 << 6, "bank_bytes": 160 << 10}
+    live = LiveIndex(path, create=True, settings=settings, policy=MergePolicy(max_segments=100))
+    gone = []
+    for at in range(0, len(docs), 60):
+        ops = [("add", d) for d in docs[at:at + 60]]
+        for j in range(at, at + 60, 6):  # the same text under another id: ties that only the tombstone breaks
+            gone.append(f"copy-{j}")
+            ops.append(("add", Document(gone[-1], docs[j].title, docs[j].text)))
+        if at + 60 < len(docs):
+            ops.append(("add", Document(docs[at + 60].id, docs[at + 60].title, "a draft of the river nile")))
+        live.apply(ops)
+        live.refresh()
+    live.apply([("delete", i) for i in gone])
+    snap = live.refresh()
+    assert [d[0] for d in snap.documents()] == [d.id for d in docs]
+    assert len(snap.segments) > 1 and all(s.deleted.size for s in snap.segments)
+    live.close()
+    return path
+
+
+@pytest.fixture(scope="module")
 def reference(index):
     s = Searcher(index, backend="cpu")
     yield s
@@ -54,8 +87,17 @@ def _bm25(index, backend):
     return lambda: Searcher(index, backend=backend, **BACKEND_OPTIONS.get(backend, {}))
 
 
+def _live(path, backend):
+    def open_():
+        from indexer.segments import LiveIndex
+        from ragserve.retrieval.live import LiveSearcher
+
+        return LiveSearcher(LiveIndex(path, writable=False), backend=backend)
+    return open_
+
+
 @pytest.fixture(scope="module")
-def factories(index, minilm, request):
+def factories(index, live_index, minilm, request):
     """name -> a function opening that retriever over ``index`` (opened lazily: a failing one fails its own test)."""
     from ragserve.memory.reader import MemoryContext, MemoryOptions
     from ragserve.retrieval.dense import DenseSearcher
@@ -87,16 +129,25 @@ def factories(index, minilm, request):
                                             depth=20),
         "memory": memory,
         "set": lambda: RetrieverSet(Searcher(index), DenseSearcher(index, minilm), default="hybrid"),
+        "live-cpu": _live(live_index, "cpu"),
+        "live-fpga-sim": _live(live_index, "fpga-sim"),
     })
     return out
 
 
 NAMES = ([f"bm25-{b}" for b in backend_names()]
-         + ["bm25-ray", "dense-cpu", "dense-gpu", "hybrid", "rerank", "memory", "set"])
+         + ["bm25-ray", "dense-cpu", "dense-gpu", "hybrid", "rerank", "memory", "set", "live-cpu", "live-fpga-sim"])
+
+
+def _backend_of(name: str) -> str | None:
+    """The registered backend a BM25 retriever of the test runs on (None: not one backend's)."""
+    if name.startswith(("bm25-", "live-")) and name != "bm25-ray":
+        return name.split("-", 1)[1]
+    return None
 
 
 def _open(factories, name):
-    backend = name[len("bm25-"):] if name.startswith("bm25-") and name != "bm25-ray" else None
+    backend = _backend_of(name)
     if backend is not None and backend not in BACKEND_OPTIONS:
         ok, why = get_backend_class(backend).is_available()
         if not ok:  # a backend that cannot run here says so with a typed error, never a wrong answer
@@ -142,6 +193,8 @@ def test_retriever_contract(name, factories, reference):
                     == _bits(reference.search(QUERIES[1], k=5, k1=1.2, b=0.75)))
         # -- the declared limit: max_k answers, one more is refused before any work
         assert 1 <= r.max_k <= MAX_K
+        if _backend_of(name) is not None:  # a backend's retriever declares the backend's own limit
+            assert r.max_k == min(MAX_K, get_backend_class(_backend_of(name)).max_k)
         assert len(r.search(QUERIES[2], k=r.max_k, with_text=False)) >= 1
         with pytest.raises(SearchError, match=f"between 1 and {r.max_k}"):
             r.search(QUERIES[2], k=r.max_k + 1)
@@ -180,7 +233,7 @@ def test_every_retriever_class_is_in_the_contract_test(factories):
             yield from subclasses(s)
 
     covered = {"Searcher", "DistributedSearcher", "DenseSearcher", "HybridSearcher", "RerankingSearcher",
-               "MemoryContext", "RetrieverSet"}
+               "MemoryContext", "RetrieverSet", "LiveSearcher"}
     assert {c.__name__ for c in subclasses(Retriever)} == covered
 
 

@@ -2,8 +2,9 @@
 
 As every ``faiss::Index`` answers ``search(x, k)`` and its composites (shards, refinement) wrap the same interface,
 every retriever here is a ``Retriever``: ``search_batch(queries, k, k1, b, with_text, times)`` returns, for each
-query, its hits best first. BM25 over any registered backend (``Searcher``), shards on Ray, dense, and the
-wrappers (hybrid fusion, two-stage reranking, memory, the server's set) take retrievers and are retrievers.
+query, its hits best first. BM25 over any registered backend (``Searcher``), over a live index's segments
+(``LiveSearcher``), shards on Ray, dense, and the wrappers (hybrid fusion, two-stage reranking, memory, the
+server's set) take retrievers and are retrievers.
 
 ``Retriever.search_batch`` checks the arguments once for all of them, with typed errors (``SearchError``: a 4xx, or
 exit 2): k an integer in 1..``max_k``, the retriever's declared limit (``MAX_K``, or less where a backend's
@@ -14,13 +15,16 @@ the ids, ranks and score bits of the cpu ``Searcher`` over the same index, on ev
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from indexer import bm25
 from indexer.reader import IndexReader
 from ragserve.kernels.contract import MAX_K, SearchError, StageTimes, TopK
+
+if TYPE_CHECKING:
+    from indexer.segments import Snapshot
 
 __all__ = ["Hit", "MAX_K", "Retriever", "bm25_params", "check_k", "check_queries", "hits_of"]
 
@@ -112,8 +116,9 @@ def check_queries(queries: object) -> list[str]:
     return list(queries)
 
 
-def bm25_params(index: IndexReader, k1: float | None, b: float | None) -> tuple[float, float]:
-    """(k1, b) of a BM25 search: the index's own where not given, checked either way."""
+def bm25_params(index: IndexReader | Snapshot, k1: float | None, b: float | None) -> tuple[float, float]:
+    """(k1, b) of a BM25 search: the index's own (a live index's: its snapshot's) where not given, checked either
+    way."""
     try:
         k1 = index.k1 if k1 is None else float(k1)
         b = index.b if b is None else float(b)

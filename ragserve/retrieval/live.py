@@ -28,11 +28,9 @@ from indexer.bm25 import QueryTerms
 from indexer.segments import LiveIndex, Snapshot, open_live
 from ragserve.kernels.contract import Backend, SearchError, StageTimes, TopK
 from ragserve.kernels.registry import get_backend_class, resolve_backend_name
-from ragserve.retrieval.searcher import MAX_K, Hit
+from ragserve.retrieval.contract import MAX_K, Hit, Retriever, bm25_params
 
 SMALL_SEGMENT = 1 << 15  # documents below which a segment's cpu backend reads the file maps (no resident copy)
-# The most hits a backend returns in one call (the FPGA kernel's on-chip list; others take the searcher's limit).
-BACKEND_MAX_K = {"fpga": 1024, "fpga-sim": 1024}
 
 
 class LiveView:
@@ -78,11 +76,14 @@ class _Store:
         return self.snap.document(docid)
 
 
-class LiveSearcher:
-    """``Searcher``'s interface (``search``, ``search_batch``, ``index``, ``backend_name``, ``close``) over a live
-    index: one backend per segment, opened when a snapshot first shows the segment, closed once no snapshot in
-    use holds it."""
+class LiveSearcher(Retriever):
+    """A ``Retriever`` with ``Searcher``'s extras (``index``, ``backend``, ``analyze``) over a live index: one
+    backend per segment, opened when a snapshot first shows the segment, closed once no snapshot in use holds it.
+    Exact: a fresh build of the live documents, in last-written order, ranks the same ids, order and score bits."""
 
+    kind = "bm25"
+    exact = True
+    takes_bm25_params = True
     queue = None  # no batching queue: each search runs on its caller's thread
 
     def __init__(self, live: LiveIndex | str | Path, backend: str = "cpu", **backend_options) -> None:
@@ -94,7 +95,10 @@ class LiveSearcher:
             raise SearchError(f"backend {self.backend_name!r} does not search live indexes")
         self._cls = get_backend_class(self.backend_name)
         self._options = backend_options
-        self._max_k = BACKEND_MAX_K.get(self.backend_name, MAX_K + (1 << 20))
+        # The most hits one backend call may return while a segment is over-asked for its deleted share: the
+        # backend's declared limit where its kernel holds fewer than MAX_K (the FPGA's 1024); else any number
+        # (k + a segment's deleted count may pass MAX_K, which bounds the caller's k, not the kernel's).
+        self._call_k = self._cls.max_k if self._cls.max_k < MAX_K else math.inf
         self._lock = threading.Lock()
         self._backends: dict[str, tuple[Backend, threading.Lock | None]] = {}
         self._inflight: Counter[str] = Counter()
@@ -105,6 +109,10 @@ class LiveSearcher:
         self.index = LiveView(self)
         self._sync(self.live.snapshot())
         self.live.on_refresh(self._sync)
+
+    @property
+    def max_k(self) -> int:
+        return min(MAX_K, self._cls.max_k)
 
     @property
     def manifest(self) -> dict:
@@ -157,18 +165,11 @@ class LiveSearcher:
         q = self.live.snapshot().prepare(query)
         return QueryTerms(term_ids=np.arange(len(q.terms), dtype=np.uint32), boosts=q.boosts, weights=q.weights)
 
-    def search(self, query: str, k: int = 10, k1: float | None = None, b: float | None = None,
-               with_text: bool = True, times: StageTimes | None = None, deadline: float | None = None) -> list[Hit]:
-        return self.search_batch([query], k, k1, b, with_text, times, deadline)[0]
-
-    def search_batch(self, queries: list[str], k: int = 10, k1: float | None = None, b: float | None = None,
-                     with_text: bool = True, times: StageTimes | None = None,
-                     deadline: float | None = None) -> list[list[Hit]]:
+    def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
+                      times: StageTimes | None, deadline: float | None = None) -> list[list[Hit]]:
+        """``deadline`` is taken as ``Searcher`` takes it and never passes: without a queue, work starts at once."""
         snap = self.live.snapshot()
-        k1, b = self._check(snap, k, k1, b)
-        for q in queries:
-            if not isinstance(q, str) or not q.strip():
-                raise SearchError("queries must be non-empty strings")
+        k1, b = bm25_params(snap, k1, b)  # the snapshot's k1 and b where not given (a live index has no reader)
         names = [s.name for s in snap.segments]
         with self._lock:
             self._inflight.update(names)
@@ -176,7 +177,7 @@ class LiveSearcher:
             t0 = time.perf_counter()
             prepared = [snap.prepare(q) for q in queries]
             t1 = time.perf_counter()
-            found = self.search_prepared(snap, prepared, int(k), k1, b, times)
+            found = self.search_prepared(snap, prepared, k, k1, b, times)
             t2 = time.perf_counter()
             store = _Store(snap)
             out = []
@@ -195,19 +196,6 @@ class LiveSearcher:
         finally:
             with self._lock:
                 self._inflight.subtract(names)
-
-    def _check(self, snap: Snapshot, k: int, k1: float | None, b: float | None) -> tuple[float, float]:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise SearchError("k must be an integer")
-        if not 1 <= k <= MAX_K:
-            raise SearchError(f"k must be between 1 and {MAX_K}, got {k}")
-        k1 = snap.k1 if k1 is None else float(k1)
-        b = snap.b if b is None else float(b)
-        try:
-            bm25.check_params(k1, b)
-        except ValueError as e:
-            raise SearchError(str(e)) from e
-        return k1, b
 
     def _plan(self, snap: Snapshot) -> list[tuple]:
         """Per snapshot, once: its segments with live documents, largest first (the first one's k-th score lets the
@@ -263,7 +251,7 @@ class LiveSearcher:
             # The expected share of deleted hits and a margin (then doubling), never beyond k + dead: enough.
             full = min(n, k + dead)  # asking for this many always yields k live hits, or all there are
             ks = full if not dead else min(full, math.ceil(k / max(1e-9, 1.0 - dead / n) * 1.1) + 2)
-            ks = min(ks, self._max_k)
+            ks = min(ks, self._call_k)
             while todo:
                 tops = self._call(be, lock, [t for _, t in todo], ks, k1, b, times, snap.avgdl)
                 again = []
@@ -285,11 +273,11 @@ class LiveSearcher:
                     else:
                         again.append((i, t))
                 todo = again
-                if todo and ks >= self._max_k:
+                if todo and ks >= self._call_k:
                     raise SearchError(f"segment {seg.name} holds {dead} deleted documents, too many to find k={k} "
-                                      f"live hits within the {self.backend_name} backend's {self._max_k} per call; "
+                                      f"live hits within the {self.backend_name} backend's {self._call_k} per call; "
                                       f"merge the index (ragserve merge) or ask for a smaller k")
-                ks = min(full, 2 * ks, self._max_k)
+                ks = min(full, 2 * ks, self._call_k)
         return [_best(p, k) for p in parts]
 
     def _maxq(self, seg) -> np.ndarray:
