@@ -112,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from ragserve.retrieval.searcher import MAX_K
+    from ragserve.retrieval.contract import MAX_K
     from ragserve.server.config import ServerConfig
     from ragserve.server.workers import MAX_WORKERS
 

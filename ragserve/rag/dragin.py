@@ -19,7 +19,7 @@ from ragserve.rag import text as T
 from ragserve.rag.base import MethodError, RagMethod, finished
 from ragserve.rag.generator import Generation
 from ragserve.rag.trace import Trace
-from ragserve.retrieval.searcher import Hit
+from ragserve.retrieval.contract import Hit
 
 # Published DRAGIN settings (oneal2000/DRAGIN config/Llama2-7b-chat/<dataset>/DRAGIN.json): hallucination
 # threshold, query words kept, answer tokens. Other datasets use the HotpotQA settings.

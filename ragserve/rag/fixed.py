@@ -5,7 +5,7 @@ from __future__ import annotations
 from ragserve.rag.base import MethodError, RagMethod, finished
 from ragserve.rag.text import join_text
 from ragserve.rag.trace import Trace
-from ragserve.retrieval.searcher import Hit
+from ragserve.retrieval.contract import Hit
 
 
 class _FixedInterval(RagMethod):

@@ -12,7 +12,7 @@ import numpy as np
 from ragserve.rag import text as T
 from ragserve.rag.base import MethodError, RagMethod, finished
 from ragserve.rag.trace import Trace
-from ragserve.retrieval.searcher import Hit
+from ragserve.retrieval.contract import Hit
 
 
 def flare_fires(probs: np.ndarray, theta: float) -> bool:

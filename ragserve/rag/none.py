@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ragserve.rag.base import RagMethod
 from ragserve.rag.trace import Trace
-from ragserve.retrieval.searcher import Hit
+from ragserve.retrieval.contract import Hit
 
 
 class NoRetrieval(RagMethod):

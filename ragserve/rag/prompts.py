@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragserve.rag.text import has_answer
-from ragserve.retrieval.searcher import Hit
+from ragserve.retrieval.contract import Hit
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ragserve.kernels.contract import StageTimes
-from ragserve.retrieval.searcher import Hit
+from ragserve.retrieval.contract import Hit
 
 STAGES = ("prepare", "relevancy", "retrieval", "apply")
 

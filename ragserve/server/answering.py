@@ -23,7 +23,8 @@ from ragserve.rag.generator import Generator, GeneratorError
 from ragserve.rag.methods import METHOD_NAMES, METHODS, build_method
 from ragserve.rag.prompts import PromptBuilder, PromptError, load_exemplars
 from ragserve.rag.trace import Step, Trace
-from ragserve.retrieval.searcher import Hit, Searcher
+from ragserve.retrieval.contract import Hit
+from ragserve.retrieval.searcher import Searcher
 from ragserve.server import sse
 from ragserve.server.config import ServerConfig
 from ragserve.server.errors import ApiError, invalid

@@ -1,12 +1,12 @@
-"""Runs validated search requests on the ``Searcher`` and records their stage times and the launches they share."""
+"""Runs validated search requests on the server's retriever; records their stage times and the launches they share."""
 from __future__ import annotations
 
 import threading
 import time
 
 from ragserve.kernels.contract import SearchError, ShardsUnavailable, StageTimes
+from ragserve.retrieval.contract import Hit, Retriever
 from ragserve.retrieval.queue import Launch, QueueClosed, QueueTimeout
-from ragserve.retrieval.searcher import Hit, Searcher
 from ragserve.server.errors import ApiError, invalid
 from ragserve.server.metrics import ServerMetrics
 from ragserve.server.validation import SearchRequest
@@ -19,7 +19,7 @@ class SearchService:
     shard-group actors take one call at a time) is called by at most ``slots`` requests at once. A request whose
     search has not started by its deadline gets 504."""
 
-    def __init__(self, searcher: Searcher, metrics: ServerMetrics, slots: int = 1) -> None:
+    def __init__(self, searcher: Retriever, metrics: ServerMetrics, slots: int = 1) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
         self.searcher = searcher
