@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragserve.attention import get_method  # noqa: E402
+from ragserve.attention import AttentionError, get_method  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = ROOT.parent / "shared" / "data" / "enwiki-wikiextractor-json-sample" / "wiki_00"
@@ -129,10 +129,17 @@ def main(argv: list[str] | None = None) -> int:
             budget = n // frac
             for method in METHODS:
                 rec, err = [], []
-                for q, k, v, scale in layers:
-                    r = evaluate(q, k, v, scale, method, budget, args.seer_block)
-                    rec += r["recall"]
-                    err += r["rel_err"]
+                try:
+                    for q, k, v, scale in layers:
+                        r = evaluate(q, k, v, scale, method, budget, args.seer_block)
+                        rec += r["recall"]
+                        err += r["rel_err"]
+                except AttentionError as e:  # a budget below the method's sink + local window + one unit
+                    row = {"context": n, "budget": budget, "fraction": f"1/{frac}", "method": method,
+                           "error": str(e)}
+                    result["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+                    continue
                 row = {"context": n, "budget": budget, "fraction": f"1/{frac}", "method": method,
                        "mass_kept": float(np.mean(rec)), "mass_kept_min": float(np.min(rec)),
                        "rel_err": float(np.mean(err)), "read_seconds": round(read_s, 1)}
