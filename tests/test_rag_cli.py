@@ -42,7 +42,7 @@ def test_build_index_from_dataset_paragraphs(tmp_path, capsys):
 
 
 def test_build_index_needs_paragraphs(tmp_path, capsys):
-    assert main(["eval", "build-index", "--dataset", str(shared("strategyqa-train", "strategyqa_train.json")),
+    assert main(["eval", "build-index", "--dataset", str(shared("nq-open", "topics.dpr.nq.dev.txt")),
                  "--out", str(tmp_path / "x"), "--limit", "5"]) == 2
     assert "no context paragraphs" in capsys.readouterr().err
 

@@ -72,7 +72,14 @@ def test_strategyqa_yes_no():
     ex = read_dataset(shared("strategyqa-train", "strategyqa_train.json"))
     assert len(ex) == 2290 and all(e.yes_no for e in ex)
     assert sum(e.answers == ["yes"] for e in ex) == 1071
-    assert ex[0].id == "b8677742616fef051f00" and ex[0].paragraphs == []
+    assert ex[0].id == "b8677742616fef051f00"
+    # the facts are the question's own untitled paragraphs and its supporting ones (matched by text)
+    assert [p.text for p in ex[0].paragraphs] == ex[0].supporting == [
+        "Julius Caesar had three children.", "Genghis Khan had sixteen children.",
+        "Modern geneticists have determined that out of every 200 men today has DNA that can be traced to "
+        "Genghis Khan."]
+    assert all(p.title == "" for p in ex[0].paragraphs) and ex[0].gold_paragraphs() == ex[0].paragraphs
+    assert sum(len(e.paragraphs) for e in ex) == 6120
 
 
 def test_nq_open_tsv_with_csv_quoting():
@@ -155,8 +162,10 @@ def test_shipped_exemplars_parse_and_end_with_the_answer():
 def test_bad_exemplar_file(tmp_path):
     with pytest.raises(PromptError, match="'Question:' line"):
         parse_exemplars("Question: a\nAnswer: b. So the answer is b.\nExtra line")
-    with pytest.raises(PromptError, match="the answer is"):
-        parse_exemplars("Question: a\nAnswer: no marker")
+    with pytest.raises(PromptError, match="needs a question and an answer"):
+        parse_exemplars("Question: a\nAnswer:")
+    # a direct answer (no marker) is its own style; a file mixing the two styles is refused
+    assert parse_exemplars("Question: a\nAnswer: no marker")[0].answer == "no marker"
     with pytest.raises(PromptError, match="not found"):
         load_exemplars(tmp_path / "nope.txt")
 

@@ -13,7 +13,13 @@ from ragserve.commands import add_backend_arg, check_backend
 from ragserve.model_path import model_path_problem
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
-METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage")
+METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage", "oracle")
+NO_INDEX = ("none", "oracle")  # methods that retrieve nothing
+
+
+def _first(*values):
+    """The first value that is not None."""
+    return next(v for v in values if v is not None)
 
 
 def _family(fmt: str) -> str:
@@ -46,11 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-question progress lines")
     g = p.add_argument_group("prompt and generation")
-    g.add_argument("--prompt-file", metavar="FILE", help="few-shot exemplars (default: ragserve/prompts/ by dataset)")
+    g.add_argument("--prompt-file", metavar="FILE",
+                   help="few-shot exemplars (default: the model's profile in ragserve/prompts/profiles.json, else "
+                        "ragserve/prompts/ by dataset)")
     g.add_argument("--fewshot", type=int, help="use only the first N exemplars")
     g.add_argument("--passage-words", type=int, default=150, help="words of each passage in the prompt")
     g.add_argument("--max-new-tokens", type=int,
-                   help="answer token budget (default: DRAGIN's per dataset: 100, 2wiki 64, iirc 128)")
+                   help="answer token budget (default: the model's profile, else DRAGIN's per dataset: 100, "
+                        "2wiki 64, iirc 128)")
     g.add_argument("--answer-max-tokens", type=int, default=24, help="tokens when asking for a missing answer")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--attention", metavar="M", help="sparse attention for decode steps: dense, dsa, quest, lserve, "
@@ -81,10 +90,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m = p.add_argument_group("method hyperparameters")
     m.add_argument("--interval", type=int, default=32, help="fixed-length: tokens between retrievals")
     m.add_argument("--sentence-max-tokens", type=int, default=64, help="fixed-sentence: longest sentence")
-    m.add_argument("--theta", type=float, default=0.8, help="flare: retrieve if a token prob < theta")
+    m.add_argument("--theta", type=float,
+                   help="flare: retrieve if a token prob < theta (default: the model's profile, else 0.8)")
     m.add_argument("--beta", type=float, default=0.4, help="flare: mask query tokens with prob < beta")
     m.add_argument("--look-ahead", type=int, default=64, help="flare: look-ahead sentence token cap")
-    m.add_argument("--threshold", type=float, help="dragin: RIND threshold (default: DRAGIN's per dataset)")
+    m.add_argument("--threshold", type=float,
+                   help="dragin: RIND threshold (default: the model's profile, else DRAGIN's per dataset)")
     m.add_argument("--keep", type=int, help="dragin: QFS query words (default: DRAGIN's per dataset)")
     p.set_defaults(func=run)
 
@@ -199,9 +210,9 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("dataset", "method", "model", "out") if not getattr(args, n)]
     if missing:
         raise CliError(f"missing {', '.join(missing)} (or use 'ragserve eval build-index')")
-    if args.method != "none" and not args.index and not args.memory:
+    if args.method not in NO_INDEX and not args.index and not args.memory:
         raise CliError(f"method {args.method!r} needs --index (or --memory)")
-    if args.memory and args.method == "none":
+    if args.memory and args.method in NO_INDEX:
         raise CliError("--memory needs a method that retrieves")
     if args.limit is not None and args.limit < 0:
         raise CliError("--limit must be >= 0")
@@ -215,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
     from ragserve.rag.evaluate import EvalError, evaluate, format_summary, summarize
     from ragserve.rag.generator import Generator, GeneratorError
     from ragserve.rag.methods import build_method
+    from ragserve.rag.profiles import profile_for
     from ragserve.rag.prompts import DEFAULT_EXEMPLARS, PromptBuilder, PromptError, load_exemplars
 
     output_path(args.out, "results file")
@@ -225,18 +237,22 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--memory reads each question's own paragraphs, and this {fmt} dataset has none")
     published = PUBLISHED.get(_family(fmt), PUBLISHED["hotpotqa"])
     try:
-        prompts = PromptBuilder(load_exemplars(args.prompt_file or DEFAULT_EXEMPLARS[fmt]),
-                                yes_no=fmt == "strategyqa", fewshot=args.fewshot, passage_words=args.passage_words)
-        retriever = _retriever(args) if args.method != "none" else None
         generator = Generator(args.model, device=args.device, temperature=args.temperature, threads=args.threads,
                               attention=args.attention, budget=args.attention_budget)
+        # settings chosen for this model on training questions; flags given on the command line win
+        profile = profile_for(generator.model.config, _family(fmt))
+        prompts = PromptBuilder(load_exemplars(args.prompt_file or profile.get("prompt") or DEFAULT_EXEMPLARS[fmt]),
+                                yes_no=fmt == "strategyqa", fewshot=args.fewshot, passage_words=args.passage_words)
+        retriever = _retriever(args) if args.method not in NO_INDEX else None
         method = build_method(
             args.method, generator, prompts, retriever, k=args.k,
-            max_new_tokens=args.max_new_tokens or published["max_new_tokens"], query_max_tokens=args.query_max_tokens,
+            max_new_tokens=args.max_new_tokens or profile.get("max_new_tokens") or published["max_new_tokens"],
+            query_max_tokens=args.query_max_tokens,
             answer_max_tokens=args.answer_max_tokens, interval=args.interval,
-            sentence_max_tokens=args.sentence_max_tokens, theta=args.theta, beta=args.beta,
+            sentence_max_tokens=args.sentence_max_tokens,
+            theta=_first(args.theta, profile.get("flare_theta"), 0.8), beta=args.beta,
             look_ahead=args.look_ahead,
-            threshold=args.threshold if args.threshold is not None else published["threshold"],
+            threshold=_first(args.threshold, profile.get("dragin_threshold"), published["threshold"]),
             keep=args.keep or published["keep"])
     except (PromptError, GeneratorError, MethodError) as e:
         raise CliError(str(e)) from e
@@ -265,5 +281,7 @@ def run(args: argparse.Namespace) -> int:
             searcher = getattr(retriever, "searcher", retriever)  # the BM25 stage under a reranker
             json.dump({**run_info, "format": fmt, "backend": getattr(searcher, "backend_name", None),
                        "retriever": "memory" if args.memory else args.retriever,
-                       "reranker": args.reranker, "model": args.model, **summary}, f, indent=2)
+                       "reranker": args.reranker, "model": args.model, "prompt": prompts.source, "k": args.k,
+                       "flare_theta": getattr(method, "theta", None),
+                       "dragin_threshold": getattr(method, "threshold", None), **summary}, f, indent=2)
     return 0

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from typing import Callable, ClassVar
 
 from ragserve.rag.generator import Generation, Generator
-from ragserve.rag.metrics import extract_answer
+from ragserve.rag.metrics import extract_answer, first_line_answer
 from ragserve.rag.prompts import PromptBuilder
 from ragserve.rag.text import has_answer, join_text
 from ragserve.rag.trace import Step, Trace
@@ -56,7 +56,8 @@ class RagMethod(ABC):
         with session() if session is not None else contextlib.nullcontext():
             text, passages = self._run(question, trace)
             trace.output = text
-            answer = extract_answer(text)
+            # a direct-answer prompt's prediction is its line; a chain of thought's follows "the answer is"
+            answer = first_line_answer(text) if self.prompts.direct else extract_answer(text)
             if answer is None:
                 answer = self._ask_answer(question, text, passages, trace)
         trace.answer = answer

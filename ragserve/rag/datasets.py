@@ -40,6 +40,12 @@ class Example:
     paragraphs: list[Paragraph] = field(default_factory=list)  # the question's own context passages
     yes_no: bool = False
 
+    def gold_paragraphs(self) -> list[Paragraph]:
+        """The supporting paragraphs among the question's own, in their order (an untitled one, a StrategyQA
+        fact, is matched by its text)."""
+        gold = {" ".join(s.casefold().split()) for s in self.supporting}
+        return [p for p in self.paragraphs if " ".join((p.title or p.text).casefold().split()) in gold]
+
 
 def _load_json(path: Path):
     try:
@@ -134,7 +140,11 @@ def _read_strategyqa(path: Path) -> Iterator[Example]:
         _need(r, ("qid", "question", "answer"), where)
         if not isinstance(r["answer"], bool):
             raise DatasetError(f"{where}: answer must be true or false")
-        yield Example(str(r["qid"]), r["question"], ["yes" if r["answer"] else "no"], yes_no=True)
+        # the facts are the question's own paragraphs (untitled, one sentence each) and its supporting ones: the
+        # closed corpus of all facts is how DRAGIN's StrategyQA setting is run here
+        facts = _unique(" ".join(str(f).split()) for f in r.get("facts", []))
+        yield Example(str(r["qid"]), r["question"], ["yes" if r["answer"] else "no"], facts,
+                      [Paragraph("", f) for f in facts], yes_no=True)
 
 
 def _iirc_answers(ans: dict) -> list[str]:

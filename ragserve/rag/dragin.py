@@ -1,7 +1,8 @@
 """``dragin``: DRAGIN (Su et al., 2024): RIND decides when to retrieve, QFS decides what to retrieve.
 
 RIND scores every generated word: the entropy of its tokens' distributions (mean) times the attention it
-receives from later generated tokens (max over the later positions, last layer, heads averaged; summed over
+receives from later generated tokens (max over the later positions, the newline that ended the line included;
+last layer, heads averaged; summed over
 the word's tokens and scaled to mean 1 within its sentence, as DRAGIN's code does, so that its published
 thresholds apply) times a content-word indicator. The first sentence holding a word above the threshold is
 where retrieval happens. QFS takes the attention of the positions that produced the uncertain words over the
@@ -145,8 +146,13 @@ class Dragin(RagMethod):
                          for s, _ in spans]
         # BOS first (where the model has one) absorbs the attention sink, as in a normal decoding context.
         lead = [self.generator.bos_id] if self.generator.bos_id is not None else []
-        attn = self.generator.attention(lead + list(gen.token_ids))[len(lead):, len(lead):]
-        scores = rind_scores(gen.entropies, attention_received(attn), members, word_sentence)
+        # A line that ended at a newline is read up to it: the newline attends to the line's last word, which
+        # otherwise no later token sees (a direct answer is one short line, and its last word is the answer's).
+        tail = self.generator.tokenizer("\n", add_special_tokens=False).input_ids if gen.stop == "newline" else []
+        ids = lead + list(gen.token_ids) + tail
+        attn = self.generator.attention(ids)[len(lead):, len(lead):]
+        n = len(gen.token_ids)
+        scores = rind_scores(gen.entropies, attention_received(attn)[:n], members, word_sentence)
         content = [T.is_content_word(text[s:e]) for s, e in spans]
         answer_sents = {i for i, (a, b) in enumerate(sentences) if T.has_answer(text[a:b])}
         found = rind_detect(scores, content, word_sentence, self.threshold, answer_sents)

@@ -45,14 +45,24 @@ def load_done(out_path: str | Path, run: dict) -> dict[str, dict]:
     return done
 
 
-def make_row(ex: Example, answer: str, trace, seconds: float, run: dict) -> dict:
+def make_row(ex: Example, answer: str, trace, seconds: float, run: dict, gold: bool = False) -> dict:
+    """One question's JSON row; ``gold``: the gold paragraphs were given (the oracle), so nothing was retrieved
+    and supporting-passage recall does not apply."""
     t = trace.to_dict()
     row = {"id": ex.id, **run, "question": ex.question, "answers": ex.answers, "prediction": answer,
            **score_answer(answer, ex.answers, ex.yes_no),
-           "support_recall": support_recall(trace.retrieved_titles(), ex.supporting),
+           "support_recall": None if gold else support_recall(trace.retrieved_titles(), ex.supporting),
            "retrievals": t["retrievals"], "tokens": t["tokens"], "times": t["times"], "seconds": seconds,
            "output": t["output"], "steps": t["steps"]}
     return row
+
+
+def gold_context(ex: Example) -> list[tuple[str, str]]:
+    """The question's gold supporting paragraphs as (title, text); an error for a dataset without them."""
+    gold = ex.gold_paragraphs()
+    if not gold:
+        raise EvalError(f"question {ex.id} has no gold supporting paragraphs in the dataset (the oracle needs them)")
+    return [(p.title, p.text) for p in gold]
 
 
 def evaluate(examples: list[Example], method: RagMethod, out_path: str | Path, run: dict,
@@ -60,7 +70,11 @@ def evaluate(examples: list[Example], method: RagMethod, out_path: str | Path, r
              context: Callable[[Example], list[tuple[str, str]]] | None = None) -> list[dict]:
     """Rows for ``examples`` in order: those already in ``out_path`` and new ones, appended and flushed one
     by one. ``on_row(row, resumed)`` is called for each. ``context(example)``, when given, is the long input
-    each question is answered from (memory as context)."""
+    each question is answered from (memory as context); a method with ``gold_context`` (the oracle) gets the
+    question's gold paragraphs instead."""
+    gold = getattr(method, "gold_context", False)
+    if gold:
+        context = gold_context
     p = Path(out_path)
     p.parent.mkdir(parents=True, exist_ok=True)
     done = load_done(p, run)
@@ -72,7 +86,7 @@ def evaluate(examples: list[Example], method: RagMethod, out_path: str | Path, r
             else:
                 t0 = time.perf_counter()
                 answer, trace = method.answer(ex.question, context(ex) if context else None)
-                row, resumed = make_row(ex, answer, trace, time.perf_counter() - t0, run), False
+                row, resumed = make_row(ex, answer, trace, time.perf_counter() - t0, run, gold), False
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
                 f.flush()
             rows.append(row)

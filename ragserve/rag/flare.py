@@ -2,8 +2,8 @@
 
 Retrieve with the question, then repeatedly generate a look-ahead sentence. If any of its tokens has
 probability below ``theta`` the sentence is not trusted: retrieve with the sentence as the query, its
-low-confidence words (a token below ``beta``) masked out, and regenerate the sentence with the new passages.
-Otherwise accept it.
+low-confidence words (a token below ``beta``) masked out (after a direct-answer prompt, the question then the
+masked tentative answer), and regenerate the sentence with the new passages. Otherwise accept it.
 """
 from __future__ import annotations
 
@@ -46,6 +46,12 @@ class Flare(RagMethod):
             raise MethodError("look_ahead must be >= 1")
         self.theta, self.beta, self.look_ahead = theta, beta, look_ahead
 
+    def query(self, question: str, look) -> str:
+        """The masked look-ahead sentence; after a direct-answer prompt that "sentence" is the bare tentative
+        answer, which says nothing of what was asked, so the question leads the query."""
+        masked = masked_query(look.text, look.spans, look.probs, self.beta)
+        return T.join_text(question, masked) if self.prompts.direct else masked
+
     def _run(self, question: str, trace: Trace) -> tuple[str, list[Hit]]:
         hits = self.retrieve(trace, question, question)  # FLARE starts from the input's own retrieval
         text = ""
@@ -60,8 +66,7 @@ class Flare(RagMethod):
                             "fired": fired}
             if fired:
                 look = gen
-                hits = self.retrieve(trace, lambda: masked_query(look.text, look.spans, look.probs, self.beta),
-                                     question)
+                hits = self.retrieve(trace, lambda: self.query(question, look), question)
                 _, gen = self.generate(trace, question, text, hits, min(self.look_ahead, room), "sentence")
                 if not gen.text.strip():
                     break

@@ -7,6 +7,7 @@ from ragserve.rag.fixed import FixedLength, FixedSentence
 from ragserve.rag.flare import Flare
 from ragserve.rag.generator import Generator
 from ragserve.rag.none import NoRetrieval
+from ragserve.rag.oracle import Oracle
 from ragserve.rag.prompts import PromptBuilder
 from ragserve.rag.single import SingleRetrieval
 
@@ -17,19 +18,22 @@ METHODS: dict[str, type[RagMethod]] = {
     "two-stage": SingleRetrieval,
 }
 METHOD_NAMES = tuple(METHODS)
+# Evaluation only, never served: the gold supporting paragraphs in the prompt (the ceiling of retrieval for this
+# generator and prompt), which a question asked over HTTP does not come with.
+EVAL_METHODS: dict[str, type[RagMethod]] = {**METHODS, "oracle": Oracle}
 
 
 def build_method(name: str, generator: Generator, prompts: PromptBuilder, retriever: Retriever | None = None,
                  **options) -> RagMethod:
     """Instantiate method ``name``; ``options`` holds the common settings (k, max_new_tokens, ...) and any
     method-specific ones, of which those the method does not take are ignored."""
-    if name not in METHODS:
-        raise MethodError(f"unknown method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
+    if name not in EVAL_METHODS:
+        raise MethodError(f"unknown method {name!r}; choose one of {', '.join(EVAL_METHODS)}")
     from ragserve.retrieval.rerank import RerankingSearcher
 
     if name == "two-stage" and not isinstance(retriever, RerankingSearcher):
         raise MethodError("method 'two-stage' needs a reranker (--rerank MODEL: a cross-encoder or a sentence encoder)")
-    cls = METHODS[name]
+    cls = EVAL_METHODS[name]
     common = ("k", "max_new_tokens", "query_max_tokens", "answer_max_tokens")
     kwargs = {k: v for k, v in options.items() if v is not None and (k in common or k in cls.options)}
     return cls(generator, prompts, retriever if cls.uses_retrieval else None, **kwargs)

@@ -33,6 +33,12 @@ def extract_answer(text: str) -> str | None:
     return rest.strip().rstrip(".").strip().strip("\"'“”‘’").strip()
 
 
+def first_line_answer(text: str) -> str:
+    """A direct answer: the first non-empty line of the generated text, without a closing full stop or quotes."""
+    line = next((l for l in text.strip().splitlines() if l.strip()), "")
+    return line.strip().rstrip(".").strip().strip("\"'“”‘’").strip()
+
+
 def to_yes_no(prediction: str) -> str:
     """Map a yes/no prediction to "yes" or "no" by its first word (anything else is kept as it is)."""
     words = normalize_answer(prediction).split()
@@ -68,7 +74,8 @@ def _norm_title(t: str) -> str:
 
 
 def support_recall(retrieved_titles: list[str], supporting_titles: list[str]) -> float | None:
-    """Fraction of the supporting passages (by title) retrieved at least once; None without supports."""
+    """Fraction of the supporting passages (by title; an untitled passage, a StrategyQA fact, by its text)
+    retrieved at least once; None without supports."""
     gold = {_norm_title(t) for t in supporting_titles}
     if not gold:
         return None

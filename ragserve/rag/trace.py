@@ -66,7 +66,9 @@ class Trace:
 
     @staticmethod
     def hit_records(hits: list[Hit]) -> list[dict]:
-        return [{"id": h.id, "title": h.title, "score": float(h.score)} for h in hits]
+        # an untitled passage (a StrategyQA fact, one sentence) is known by its text
+        return [{"id": h.id, "title": h.title, "score": float(h.score), **({} if h.title else {"text": h.text})}
+                for h in hits]
 
     @property
     def times(self) -> StageTimes:
@@ -84,7 +86,7 @@ class Trace:
         return sum(s.tokens for s in self.steps)
 
     def retrieved_titles(self) -> list[str]:
-        return [h["title"] for s in self.steps if s.kind == "retrieve" for h in s.hits]
+        return [h["title"] or h.get("text", "") for s in self.steps if s.kind == "retrieve" for h in s.hits]
 
     def to_dict(self) -> dict:
         return {"question": self.question, "answer": self.answer, "output": self.output,
