@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ragserve.rag.base import MethodError, RagMethod
 from ragserve.rag.trace import Trace
-from ragserve.retrieval.searcher import Hit
+from ragserve.retrieval.contract import Hit
 
 
 class Oracle(RagMethod):
