@@ -133,8 +133,8 @@ def test_slots_and_errors(tiny):
 
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2))
-    with pytest.raises(GeneratorError, match="no decode engine"):
-        engine_for(llama)
+    with pytest.raises(GeneratorError, match="no fast decode engine"):
+        engine_for(llama, kind="fast")
 
 
 def test_bf16_weights_on_the_cpu_take_the_static_step():

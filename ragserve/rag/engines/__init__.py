@@ -20,21 +20,26 @@ ENGINES: dict[str, str] = {
 ENGINE_KINDS = ("auto", "reference", "fast")
 
 
-def engine_for(model: torch.nn.Module, device: str, *, kind: str = "auto", max_slots: int = 8,
-               max_length: int | None = None) -> DecodeEngine:
+def engine_for(model: torch.nn.Module, device: str | None = None, *, kind: str = "auto", max_slots: int = 8,
+               max_length: int | None = None, **options) -> DecodeEngine:
     """``kind``: ``auto`` (the fast engine of the model's type if there is one, else the reference), ``reference``
-    or ``fast`` (an error when the type has none)."""
+    or ``fast`` (an error when the type has none). ``device``: the model's own by default. ``options`` go to the
+    fast engine (the Gemma 3 engine's ``gguf``, ``threads``, ...)."""
     if kind not in ENGINE_KINDS:
         raise GeneratorError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
+    if device is None:
+        device = str(next(model.parameters()).device)
     model_type = getattr(model.config, "model_type", "")
     target = ENGINES.get(model_type) if kind != "reference" else None
     if target is None:
         if kind == "fast":
             raise GeneratorError(f"no fast decode engine for model type {model_type!r} "
                                  f"(engines exist for: {', '.join(sorted(ENGINES)) or 'none'})")
+        if options:
+            raise GeneratorError(f"the reference engine takes no options ({', '.join(sorted(options))})")
         from ragserve.rag.engines.reference import ReferenceEngine
         return ReferenceEngine(model, device, max_slots=max_slots, max_length=max_length)
     module, _, name = target.partition(":")
     cls = getattr(importlib.import_module(module), name)
     sizes = {"max_slots": max_slots} if max_length is None else {"max_slots": max_slots, "max_length": max_length}
-    return cls(model, device, **sizes)
+    return cls(model, device, **sizes, **options)
