@@ -273,7 +273,9 @@ def test_slow_replica_is_retried_once_before_it_counts_as_missing(short_deadline
 def test_distributed_search_with_the_cores_held_busy(distributed, local, queries):
     """Two busy loops at the searcher's own priority hold both cores for the test's duration (bounded by their
     own timeout too): every batch still answers, exactly."""
-    busy = [subprocess.Popen(["timeout", "300", sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    # The loop bounds itself: a `timeout` wrapper would be killed below while its child spun on.
+    spin = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
     try:
         qs = queries[:120]
         for i in range(0, len(qs), 40):
