@@ -15,7 +15,7 @@ otherwise it is reported as not available.
 
 GPU (--device cuda): a 7B-shaped Gemma 3 (random bf16 weights: Llama-2-7B's widths, 32 layers, 32 heads of 128,
 FFN 11008, vocabulary 32000) at batch 1 and 8 (--batches): prefill, then ms a decode step eager and replayed from
-the engine's CUDA graph, against the floor = (weights read a step + the KV cache the slots hold) / the device's
+the engine's CUDA graph (and transformers' own eager forward), against the floor = (weights read a step + the KV cache the slots hold) / the device's
 copy bandwidth measured first. ``--toy --torch-device cpu`` runs the same code at toy size on torch's CPU device
 (CI checks the script; its times mean nothing).
 """
@@ -253,6 +253,21 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
     return 2 * nbytes / min(times)
 
 
+@torch.inference_mode()
+def hf_step_ms(model, ids: list[list[int]], steps: int, device: torch.device) -> float:
+    """ms a decode step of transformers' own forward over its dynamic cache (every row of the batch stepping):
+    the path the generator took before the engine."""
+    out = model(torch.tensor(ids, device=device), use_cache=True)
+    nxt = out.logits[:, -1:].argmax(dim=-1)
+    out = model(nxt, past_key_values=out.past_key_values, use_cache=True)  # warm-up
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        out = model(nxt, past_key_values=out.past_key_values, use_cache=True)
+    sync(device)
+    return (time.perf_counter() - t) / steps * 1e3
+
+
 def run_gpu(args) -> dict:
     from transformers import Gemma3ForCausalLM
 
@@ -270,6 +285,7 @@ def run_gpu(args) -> dict:
     bw = copy_bandwidth(device, 1 << (30 if device.type == "cuda" else 26))
     prompt = args.prompt_tokens if not args.toy else 24
     steps = args.decode_steps if not args.toy else 4
+    check = args.check_tokens if not args.toy else 4
     report = {"device": gpu_name() if device.type == "cuda" else f"torch cpu ({cpu_model()})", "toy": args.toy,
               "params": n_params, "dtype": "bfloat16", "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bw / 1e9,
               "prompt_tokens": prompt, "decode_steps": steps, "runs": []}
@@ -283,10 +299,10 @@ def run_gpu(args) -> dict:
         for s, row in zip(slots, ids):
             engine.prefill(s, row)
         tokens = [1] * batch
-        timings = {}
+        timings, greedy = {}, {}
+        graphs = engine.graphs
         for mode in ("graph", "eager"):
-            if mode == "eager":
-                engine.graphs = None
+            engine.graphs = graphs if mode == "graph" else None
             for s in slots:
                 engine.truncate(s, prompt)
             engine.step(slots, tokens)  # the first step captures (graph) or warms up (eager)
@@ -296,12 +312,23 @@ def run_gpu(args) -> dict:
                 engine.step(slots, tokens)
             sync(device)
             timings[mode] = (time.perf_counter() - t) / steps * 1e3
+            # Greedy tokens of each path from the same cached prompt: the graph must replay the eager step exactly.
+            for s in slots:
+                engine.truncate(s, prompt)
+            nxt, seq = list(tokens), []
+            for _ in range(check):
+                nxt = engine.step(slots, nxt).argmax(dim=-1).tolist()
+                seq.append(nxt)
+            greedy[mode] = seq
         # Floor: every weight once, plus the KV the slots hold (their mean length over the timed steps).
         kv_bytes = batch * kv_per_token * (prompt + 1 + steps / 2)
         floor_ms = (weight_bytes + kv_bytes) / bw * 1e3
-        run = {"batch": batch, "graph_ms": timings["graph"], "eager_ms": timings["eager"], "floor_ms": floor_ms,
+        hf_ms = hf_step_ms(model, ids, steps, device)
+        run = {"batch": batch, "graph_ms": timings["graph"], "eager_ms": timings["eager"], "hf_eager_ms": hf_ms,
+               "floor_ms": floor_ms,
                "x_floor": timings["graph"] / floor_ms, "kv_bytes": kv_bytes,
-               "tok_s": batch * 1e3 / timings["graph"]}
+               "tok_s": batch * 1e3 / timings["graph"], "greedy_tokens": check * batch,
+               "greedy_equal": greedy["graph"] == greedy["eager"]}
         report["runs"].append(run)
         print(json.dumps(run), flush=True)
         del engine
@@ -311,10 +338,12 @@ def run_gpu(args) -> dict:
 def gpu_table(report: dict) -> str:
     lines = [f"{report['device']}: {report['params'] / 1e9:.2f}B parameters bf16, copy bandwidth "
              f"{report['copy_bandwidth_gbs']:.0f} GB/s, prompt {report['prompt_tokens']}",
-             "| batch | graph ms/step | eager ms/step | floor ms | x floor | tok/s |", "|---|---|---|---|---|---|"]
+             "| batch | graph ms/step | engine eager ms/step | transformers eager ms/step | floor ms | graph x floor | "
+             "tok/s | greedy graph = eager |", "|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
-        lines.append(f"| {r['batch']} | {r['graph_ms']:.2f} | {r['eager_ms']:.2f} | {r['floor_ms']:.2f} | "
-                     f"{r['x_floor']:.2f} | {r['tok_s']:.1f} |")
+        lines.append(f"| {r['batch']} | {r['graph_ms']:.2f} | {r['eager_ms']:.2f} | {r['hf_eager_ms']:.2f} | "
+                     f"{r['floor_ms']:.2f} | "
+                     f"{r['x_floor']:.2f} | {r['tok_s']:.1f} | {r['greedy_equal']} ({r['greedy_tokens']} tokens) |")
     return "\n".join(lines)
 
 

@@ -5,9 +5,12 @@ BM25 top 100), per retrieval backend: cpu (measured), gpu (measured, sharing the
 
     python scripts/bench_rag_scale.py --data-dir DATA --out rag_scale.json   # H200: the full run (4-7 minutes)
     python scripts/bench_rag_scale.py --quick --out /tmp/rag_quick.json      # CPU dry run with tiny shapes
+    python scripts/bench_rag_scale.py --prepare --out prep.json              # the index inputs only (reused)
     python scripts/bench_rag_scale.py --report rag_scale.json                # the tables of a (partial) run
     python scripts/bench_rag_scale.py --generator /work/models/gemma-270m --engine fast --out rag_gemma.json
                                                      # a serving-class generator: a real small model, fast engine
+    python scripts/bench_rag_scale.py --arch gemma3 --engine fast --limit 10 --out rag_fast.json
+                                                     # the 7B shapes on the fast engine (CUDA graph decode)
 
 ``DATA`` is ../shared/data or a copy holding hotpotqa-dev500-ircot, wiki18-100w-passages-sample and
 enwiki-wikiextractor-json-sample (the questions, the passage text and the reference corpus).
@@ -157,15 +160,24 @@ def build_reference(hotpot: Path, data: Path, work: Path) -> None:
 
 
 # ---- models -----------------------------------------------------------------------------------------------------
-def build_generator(shape: dict, tok, device: str, name: str, engine: str = "auto", max_slots: int = 32):
-    """A random causal LM of ``shape`` built in place on ``device`` (bf16 on a GPU), wrapped without a save."""
+def build_generator(shape: dict, tok, device: str, name: str, engine: str = "auto", max_slots: int = 32,
+                    arch: str = "llama"):
+    """A random causal LM of ``shape`` built in place on ``device`` (bf16 on a GPU), wrapped without a save.
+    ``arch``: ``llama``, or ``gemma3`` (the same widths as a Gemma 3 network, which has a fast decode engine)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
 
     from ragserve.rag.generator import Generator
 
-    cfg = LlamaConfig(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+               tie_word_embeddings=False)
+    if arch == "gemma3":
+        head = shape["hidden_size"] // shape["num_attention_heads"]
+        # Every layer global (sliding window past the prompt lengths): the cost of the Llama shape it stands for.
+        cfg = Gemma3TextConfig(**shape, **ids, head_dim=head, query_pre_attn_scalar=head,
+                               sliding_window=shape["max_position_embeddings"], attn_implementation="eager")
+    else:
+        cfg = LlamaConfig(**shape, **ids)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     torch.manual_seed(0)
     with torch.device(device):
@@ -222,6 +234,8 @@ class MappedRetriever:
 
     def __init__(self, searcher, mapper, passages: list[tuple[str, str]]) -> None:
         self.searcher, self.mapper, self.passages = searcher, mapper, passages
+        # What a wrapping reranker reads from the retriever it wraps (the contract's per-backend k bound).
+        self.max_k, self.index, self.backend_name = searcher.max_k, searcher.index, searcher.backend_name
         self.calls: list[dict] = []
 
     def _fill(self, hits):
@@ -621,6 +635,8 @@ def main() -> int:
     ap.add_argument("--report", type=Path, help="print the tables of a (possibly partial) results JSON and stop")
     ap.add_argument("--quick", action="store_true", help="CPU dry run: 200k docs, 2-layer models, 1 question a cell")
     ap.add_argument("--workdir", type=Path, help="layout, reference index, cross-encoder (reused when present)")
+    ap.add_argument("--prepare", action="store_true",
+                    help="build the layout and the reference index in --workdir, then stop (no models, no cells)")
     ap.add_argument("--data-dir", type=Path, default=DATA, help="a copy of ../shared/data (default: beside the repo)")
     ap.add_argument("--docs", type=int, help=f"synthetic passages (default {DPR_PASSAGES:,}; --quick 200,000)")
     ap.add_argument("--workers", type=int, default=0, help="layout writer processes (default: all cores)")
@@ -634,6 +650,8 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, help="start no cell that would end after this (default 450; quick 170)")
     ap.add_argument("--generator", type=Path, metavar="DIR",
                     help="a real causal LM directory for every method instead of the random shapes (e.g. gemma-3-270m)")
+    ap.add_argument("--arch", choices=("llama", "gemma3"), default="llama",
+                    help="network of the random shapes: llama, or gemma3 at the same widths (it has a fast engine)")
     ap.add_argument("--engine", default="auto", help="decode engine: auto, reference or fast (default auto)")
     ap.add_argument("--clients", type=int, default=8,
                     help="served path: questions answered at once, decodes batched (default 8; 0 skips it)")
@@ -729,6 +747,10 @@ def main() -> int:
         write_layout(layout, docs, workers=args.workers, block_size=(1 << 15) if q else 1 << 18,
                      bank_bytes=(8 << 20) if q else 512 << 20, log=log)
     step("layout", t)
+    if args.prepare:  # the inputs only: a later run with the same --workdir starts at the models
+        ref_proc.join()
+        step("reference_index_and_cpu_kernels (beside the above, since start)", t_ref)
+        return 0 if ref_proc.exitcode == 0 else 1
     examples = read_dataset(hotpot)
     passages = wiki_passages(args.data_dir)
     report["passages"] = {"source": "wiki18-100w-passages-sample (DPR 100-word Wikipedia passages), cycled by docid",
@@ -754,18 +776,19 @@ def main() -> int:
             return 2
         step("generator", t)
     else:
-        gen = build_generator(shapes["lm"], lm_tok, device, "random Llama-2-7B shape", args.engine, slots)
+        gen = build_generator(shapes["lm"], lm_tok, device, f"random Llama-2-7B shape ({args.arch})", args.engine,
+                              slots, args.arch)
         step("generator_llama2_7b_shape", t)
     gen2 = reranker = None
     if "two-stage" in methods:
         t = time.time()
-        gen2 = gen if args.generator is not None else build_generator(shapes["lm2"], lm_tok, device,
-                                                                      "random Llama-3.1-8B shape", args.engine, slots)
+        gen2 = gen if args.generator is not None else build_generator(
+            shapes["lm2"], lm_tok, device, f"random Llama-3.1-8B shape ({args.arch})", args.engine, slots, args.arch)
         reranker = build_cross_encoder(shapes["ce"], ce_tok, work, device)
         step("generator_two_stage_and_cross_encoder", t)
     real = {"path": str(args.generator), "model_type": gen.model.config.model_type,
             "weights": "random" if gen.name.startswith("random") else "trained"} if args.generator else None
-    report["models"] = {"tokenizer_vocab": len(gen.tokenizer), "dtype": str(gen.dtype),
+    report["models"] = {"arch": args.arch, "tokenizer_vocab": len(gen.tokenizer), "dtype": str(gen.dtype),
                         "generator": real or shapes["lm"], "generator_two_stage": real or shapes["lm2"],
                         "engine": gen.batching["engine"],
                         "cross_encoder": shapes["ce"], "param_bytes": {
