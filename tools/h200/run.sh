@@ -32,14 +32,17 @@ case "$N" in
     # then the 7B-shaped decode step on a quiet host: engine graph vs engine eager vs transformers eager
     ( timeout 300 python3 scripts/bench_rag_scale.py --prepare --workdir $W --workers 16 \
         --out "$OUT/prepare.json" > "$OUT/prepare.log" 2>&1 ) &
-    step 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests
+    step 240 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests
     wait
     tail -3 "$OUT/prepare.log" | tee -a "$LOG"
     step 200 python3 scripts/bench_generate.py --device cuda --out "$OUT/generate_h200.json" ;;
 2)  # RAG end to end at 21M passages: the 7B shapes as Gemma 3 networks on the fast engine (CUDA graph decode),
     # every method, cpu and gpu backends (fpga MODELLED from the cpu run), 10 questions a cell, served at 8 clients
-    step 570 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
-        --deadline-s 530 --out "$OUT/rag_scale_fast_h200.json" ;;
+    # (a fresh machine builds the layout first, ~1 min); then the CUDA tests (modules whose packages the image
+    # lacks, e.g. openai, fail to collect and are reported, the rest run)
+    step 470 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
+        --deadline-s 440 --out "$OUT/rag_scale_fast_h200.json"
+    step 100 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests ;;
 *)  echo "phase must be 1-2" >&2; exit 2 ;;
 esac
 echo "== $(date +%T) phase $N done" | tee -a "$LOG"
