@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from ragserve.rag.engines import engine_for  # noqa: E402
 from tools.machine import cpu_model, gpu_name  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 # Benchmark prompts: the RAG loops' two-shot QA form, with and without a retrieved passage, and free text.
 PROMPTS = [
@@ -374,9 +375,8 @@ def main() -> None:
         report, table = run_gpu(args), gpu_table
     else:
         report, table = run_cpu(args), cpu_table
-    report.update(command=" ".join(sys.argv), python=platform.python_version(), torch=torch.__version__,
-                  commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                        text=True).stdout.strip())
+    report.update(command=" ".join(sys.argv), python=platform.python_version(), torch=torch.__version__)
+    report = stamp(report)  # the tree measured (a carried copy's .git can be stale: its files' hash is not)
     out = Path(args.out or ROOT / "benchmarks" / "raw" / "generate" / f"{args.device}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
