@@ -40,12 +40,12 @@ case "$N" in
     # every method, cpu and gpu backends (fpga MODELLED from the cpu run), 10 questions a cell, served at 8 clients
     # (a fresh machine builds the layout first, ~1 min); then the CUDA tests (modules whose packages the image
     # lacks, e.g. openai, fail to collect and are reported, the rest run)
-    step 470 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
-        --deadline-s 440 --out "$OUT/rag_scale_fast_h200.json"
-    step 100 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests
+    step 420 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
+        --deadline-s 390 --out "$OUT/rag_scale_fast_h200.json"
+    step 80 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests
     if [ -d .carry/layout ]; then  # a branch's tree carried beside (its CUDA tests before it merges)
       mkdir -p .carry/shared && ln -sfn "$H/parts/data" .carry/shared/data
-      ( cd .carry/layout && PYTHONPATH=$H/site:$PWD step 100 python3 -m pytest -q -p no:cacheprovider \
+      ( cd .carry/layout && PYTHONPATH=$H/site:$PWD step 75 python3 -m pytest -q -p no:cacheprovider \
           --continue-on-collection-errors -m gpu tests )
     fi ;;
 *)  echo "phase must be 1-2" >&2; exit 2 ;;
