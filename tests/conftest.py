@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -25,8 +26,6 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> 
     with open(out.parent / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out.parent / f"{name}.done").exists():
-            import shutil
-
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
             build(out)
@@ -34,11 +33,18 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> 
     return out
 
 
+# The longest work units (a module, or an xdist group), started before the rest so that none of them starts last
+# and runs alone at the end; from the suite's --durations (2 workers on 2 cores: each 1-4 minutes).
+LONGEST_FIRST = ("ray", "tests/test_dense_cli.py", "tests/test_dense.py", "tests/test_live_index.py",
+                 "tests/test_engine_gemma3.py", "tests/test_wheel.py", "tests/test_rag_direct.py",
+                 "tests/test_gpu_tiles_interpreted.py", "tests/test_bench_attention_script.py")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under ``-n N --dist loadgroup`` (scripts/test.sh): every test module runs whole on one worker, so its module
     fixtures are built once; modules marked ``xdist_group(NAME)`` share one worker (the Ray modules share one local
-    Ray cluster). Any other ``--dist`` keeps pytest-xdist's own scheduling."""
+    Ray cluster); ``LONGEST_FIRST`` go first. Any other ``--dist`` keeps pytest-xdist's own scheduling."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -48,6 +54,13 @@ def pytest_xdist_make_scheduler(config, log):
             if nodeid.rfind("@") > nodeid.rfind("]"):  # loadgroup's "@NAME" suffix, not an "@" in a parameter
                 return nodeid.rsplit("@", 1)[1]
             return nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node) -> None:
+            for scope in LONGEST_FIRST:
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)  # the next one handed out
+                    break
+            super()._assign_work_unit(node)
 
     return ModuleOrGroup(config, log)
 
