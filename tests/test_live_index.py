@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -211,6 +213,20 @@ def _writer_child(root: Path, seed: int, fd: int) -> None:
             live.maybe_merge()
 
 
+def _read_child(fd: int, buf: bytearray, deadline: float, until: Callable[[bytearray], bool] | None = None) -> None:
+    """Reads the child's lines into ``buf`` until ``deadline`` (monotonic), the end of the pipe, or ``until(buf)``
+    holds; draining as it waits, so the child never blocks on a full pipe."""
+    while until is None or not until(buf):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        if select.select([fd], [], [], min(left, 60.0))[0]:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return
+            buf += chunk
+
+
 def _apply(state: OrderedDict, ops: list[dict]) -> None:
     for o in ops:
         state.pop(o["id"], None)
@@ -236,13 +252,23 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path):
             finally:
                 os._exit(0)
         os.close(w)
-        time.sleep(rng.uniform(0.02, 0.35))
+        # The kill lands at a random moment of the write loop: the random wait starts once the child has told its
+        # first request (opening the index, a replay and a commit, can outlast any fixed wait on a busy machine).
+        # Every other kill then waits for the next request to be told and kills at once, so requests in flight
+        # (mostly faster than the refreshes and merges between them) are caught often, not by luck.
+        got_lines = bytearray()
+        _read_child(r, got_lines, time.monotonic() + 120, until=lambda b: b"\n" in b)
+        assert got_lines.startswith(b"TRY "), f"kill {kill}: the writer made no request within 120 s"
+        _read_child(r, got_lines, time.monotonic() + rng.uniform(0.02, 0.35))
+        if kill % 2:
+            told = got_lines.count(b"TRY ")
+            _read_child(r, got_lines, time.monotonic() + 120, until=lambda b: b.count(b"TRY ") > told)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        with os.fdopen(r) as f:
-            lines = f.read().splitlines()
+        _read_child(r, got_lines, float("inf"))  # the rest, up to the end of the pipe
+        os.close(r)
         inflight = None
-        for line in lines:
+        for line in got_lines.decode().splitlines():
             if line.startswith("TRY "):
                 inflight = json.loads(line[4:])
             elif line == "ACK":
@@ -257,7 +283,7 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path):
             outcomes["absent"] += 1
         assert list(got.items()) == list(state.items()), f"kill {kill}: the index lost or half-applied a write"
         live.close()
-    assert sum(outcomes.values()) > 0 and len(state) > 50
+    assert sum(outcomes.values()) > 0 and len(state) > 50, (outcomes, len(state))
 
 
 # -- the CLI and the format ------------------------------------------------------------------------

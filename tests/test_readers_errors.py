@@ -208,7 +208,7 @@ def test_not_parquet_content(tmp_path: Path) -> None:
     assert str(path) in str(err) and "Parquet" in str(err)
 
 
-@pytest.mark.parametrize("content", [b"", gzip.compress(b""), bz2.compress(b"")])
+@pytest.mark.parametrize("content", [b"", gzip.compress(b""), bz2.compress(b"")], ids=["plain", "gzip", "bz2"])
 def test_empty_file(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "empty.jsonl"
     path.write_bytes(content)

@@ -25,6 +25,9 @@ from ragserve.retrieval.searcher import Searcher
 from tests import rag_support as S
 from tests.conftest import shared
 
+# The distributed searcher joins the session's Ray cluster: one worker, one cluster (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("ray")
+
 QUERIES = ["who wrote the declaration of independence", "largest city in the united states", "the river nile"]
 # What a backend needs to run on this machine without its device (the gpu kernels on torch's CPU device).
 BACKEND_OPTIONS = {"gpu": {} if torch.cuda.is_available() else {"device": "cpu"}}
