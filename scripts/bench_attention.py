@@ -41,7 +41,7 @@ import torch
 
 from ragserve.attention import get_method
 from ragserve.attention.common import Index
-from ragserve.attention.ops import TORCH, TritonOps
+from ragserve.kernels.gpu.attention import TORCH, TritonOps
 from ragserve.kernels.gpu.attention_triton import DEFAULT, TritonAttentionSettings
 from ragserve.kernels.gpu.select_triton import bucket_topk, radix_topk
 
