@@ -35,6 +35,7 @@ import platform
 import sys
 import time
 import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -48,12 +49,19 @@ from indexer import bm25  # noqa: E402
 from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
 from ragserve.kernels.gpu.relevancy import M32  # noqa: E402
 from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS  # noqa: E402
-from ragserve.kernels.gpu.triton_kernels import triton  # noqa: E402
 from ragserve.kernels.contract import StageTimes  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from ragserve.topics import read_queries  # noqa: E402
 from tools.machine import cpu_model  # noqa: E402
 from tools.provenance import stamp  # noqa: E402
+
+
+def triton_version() -> str | None:
+    try:
+        return version("triton")
+    except PackageNotFoundError:
+        return None
+
 
 T0 = time.time()
 
@@ -349,7 +357,7 @@ def main() -> int:
     device = torch.device(args.device)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor()})"
     report = {"card": card, "torch": torch.__version__,
-              "triton": getattr(triton, "__version__", None),
+              "triton": triton_version(),
               "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
               "argv": sys.argv, "corpora": []}
     copy, read = memory_rates(device)

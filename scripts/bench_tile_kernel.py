@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from indexer.reader import IndexReader  # noqa: E402
 from tools.provenance import stamp  # noqa: E402
-from ragserve.kernels.gpu import cuda_kernels as CK  # noqa: E402
+from ragserve.kernels.gpu.cuda import kernels as CK  # noqa: E402
 from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
 from ragserve.kernels.gpu.relevancy import TileScorer  # noqa: E402
-from ragserve.kernels.gpu.rtc import CudaModule  # noqa: E402
+from ragserve.kernels.gpu.cuda.rtc import CudaModule  # noqa: E402
 from ragserve.kernels.gpu.selection import TileSelector  # noqa: E402
 from ragserve.kernels.gpu.settings import GpuSettings  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402

@@ -15,12 +15,13 @@ import torch
 from indexer.reader import IndexReader
 from indexer.writer import BuildOptions, build_index_from_documents
 from ragserve.kernels.cpu.backend import CpuBackend
-from ragserve.kernels.gpu import backend as gpu_backend, cuda_kernels as CK, relevancy, selection
+from ragserve.kernels.gpu import backend as gpu_backend, relevancy, selection
+from ragserve.kernels.gpu.cuda import kernels as CK
 from ragserve.kernels.gpu.backend import GpuBackend
-from ragserve.kernels.gpu.cuda_kernels import TileKernels
+from ragserve.kernels.gpu.cuda.kernels import TileKernels
 from ragserve.kernels.gpu.memory import MemoryPlanError, plan_memory
 from ragserve.kernels.gpu.settings import GpuSettings
-from ragserve.kernels.gpu.triton_kernels import triton_available
+from ragserve.kernels.gpu.triton import triton_available
 from indexer import bm25
 from ragserve.kernels.contract import SearchError
 from ragserve.kernels.registry import resolve_backend_name
@@ -361,7 +362,7 @@ def test_searcher_single_query_takes_the_graph_path(hotpot, monkeypatch):
     recording driver; the path decision and everything around it are the backend's own."""
     pytest.importorskip("triton")
     from ragserve.kernels.contract import StageTimes
-    from ragserve.kernels.gpu.rtc import CudaKernel, StreamCopies
+    from ragserve.kernels.gpu.cuda.rtc import CudaKernel, StreamCopies
 
     device = _RecordingDevice()
     module = SimpleNamespace(device=torch.device("cpu"), _cuda=device,
@@ -626,7 +627,7 @@ def test_cuda_rank_candidates_kernel():
     descending, then doc ascending; heavy ties) to pinned host memory, the docs as int64 and the scores from word
     2 + room, and nothing else, for any count up to SORT_MAX; past SORT_MAX or past the candidates' room only the count.
     The candidates are left as they are."""
-    from ragserve.kernels.gpu.rtc import StreamCopies
+    from ragserve.kernels.gpu.cuda.rtc import StreamCopies
 
     dev = torch.device("cuda")
     kn = TileKernels.build(2048, 128, dev, GpuSettings())
@@ -660,7 +661,7 @@ def test_cuda_rank_candidates_kernel():
 @needs_cuda
 def test_cuda_current_stream_handle():
     """The raw accessor gives torch's current stream, also inside a ``torch.cuda.stream`` block."""
-    from ragserve.kernels.gpu.rtc import current_stream
+    from ragserve.kernels.gpu.cuda.rtc import current_stream
 
     dev = torch.device("cuda", torch.cuda.current_device())
     assert current_stream(dev) == torch.cuda.current_stream(dev).cuda_stream

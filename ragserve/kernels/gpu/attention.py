@@ -1,6 +1,6 @@
 """The GPU's attention kernels: ``TorchOps`` (torch on any device: ``relevancy.batched_inner_product`` /
 ``bound_inner_product`` and ``selection.topk_rows``) and ``TritonOps`` (the fused Triton kernels of
-``attention_triton``, loaded only when asked for: a CPU-only install never imports Triton). The same operations
+``triton/attention.py``, loaded only when asked for: a CPU-only install never imports Triton). The same operations
 under the same names as ``kernels/cpu/attention.py``; see it for the relevancy kinds and shapes."""
 from __future__ import annotations
 
@@ -149,15 +149,15 @@ class TorchOps:
 
 
 class TritonOps(TorchOps):
-    """torch tensors with the fused Triton kernels (``kernels.gpu.attention_triton``) and the bucket (or radix)
-    select (``kernels.gpu.select_triton``) where the shapes qualify, torch elsewhere. The selected units (``top``)
+    """torch tensors with the fused Triton kernels (``kernels.gpu.triton.attention``) and the bucket (or radix)
+    select (``kernels.gpu.triton.selection``) where the shapes qualify, torch elsewhere. The selected units (``top``)
     come unranked (``sort_top=False``: by position) and the tokens sink, local, then top: attention does not need
     them ranked, and a sort costs a launch. No stage syncs with the host: a whole step can be one CUDA graph."""
 
     name = "triton"
 
     def __init__(self, settings=None, sort_top: bool = False) -> None:
-        from ragserve.kernels.gpu import attention_triton
+        from ragserve.kernels.gpu.triton import attention as attention_triton
 
         self.k = attention_triton
         self.settings = settings or attention_triton.DEFAULT

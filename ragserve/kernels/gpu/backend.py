@@ -47,7 +47,7 @@ from ragserve.kernels.gpu.planning import (ItemPlanner, Items, QueryTables, flat
 from ragserve.kernels.gpu.relevancy import TileScorer, score_torch
 from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS, TileSelector, select_topk
 from ragserve.kernels.gpu.settings import GpuSettings
-from ragserve.kernels.gpu.triton_kernels import triton_available
+from ragserve.kernels.gpu.triton import triton_available
 
 
 def _resolve_device(device: str | None) -> torch.device:

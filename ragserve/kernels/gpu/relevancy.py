@@ -10,7 +10,7 @@ norms they touch, and 4 bytes per matched doc plus the group maxima, instead of 
 and 24 per doc.
 
 On CUDA the kernels are ``cuda/relevancy.cu``'s (the tile in shared memory, 2.2x faster), where NVRTC can be loaded;
-``triton_kernels`` is the fallback and the version CI runs under Triton's interpreter. Where a launch has enough
+``triton/relevancy.py``'s is the fallback and the version CI runs under Triton's interpreter. Where a launch has enough
 units, the CUDA scorer first scores a sample of them (``sample_step``): the k-th largest of a row's sampled tile maxima
 is reached by k docs. Where few tiles can reach that threshold (``filters``), a 2-byte pass over every unit (two tiles
 a block in half the f64 tile's shared memory, so more blocks a multiprocessor) bounds each tile's maximum from above
@@ -36,13 +36,13 @@ import numpy as np
 import torch
 
 from indexer.bm25 import QueryTerms
-from ragserve.kernels.gpu import cuda_kernels as CK
-from ragserve.kernels.gpu.cuda_kernels import TileKernels
+from ragserve.kernels.gpu.cuda import kernels as CK
+from ragserve.kernels.gpu.cuda.kernels import TileKernels
 from ragserve.kernels.gpu.planning import QueryTables, TilePlan, tile_size
-from ragserve.kernels.gpu.rtc import RtcError, StreamCopies, current_stream
+from ragserve.kernels.gpu.cuda.rtc import RtcError, StreamCopies, current_stream
 from ragserve.kernels.gpu.settings import GpuSettings
+from ragserve.kernels.gpu.triton import programs
 # The module, not its kernels: they exist only where Triton imports (torch's CPU wheel ships without it).
-from ragserve.kernels.gpu import triton_kernels as TK
 
 GROUP = 32  # docs a group maximum: the CUDA kernels' warp-wide read-out is built on it (a group never straddles tiles)
 M32 = 0xFFFFFFFF
@@ -121,7 +121,7 @@ class TileScorer:
         self._samp: torch.Tensor | None = None  # the CUDA kernels' samples of the arena's postings (``sample``)
         self.query_tables: QueryTables | None = None  # set where single queries are planned on the device
         self.scorer = "cuda" if kernels is not None else "triton"
-        self.programs = TK.programs(device, settings.programs_per_sm)
+        self.programs = programs(device, settings.programs_per_sm)
         # The Triton kernel's per-program scratch; the CUDA one keeps its tile in shared memory.
         self.scratch = (torch.zeros(self.programs * self.tile, dtype=torch.float64, device=device)
                         if kernels is None else None)
@@ -149,7 +149,7 @@ class TileScorer:
     def work_bytes(device: torch.device, tile: int, settings: GpuSettings) -> int:
         """Device bytes of the Triton kernel's per-program scratch (planned before the scorer is known; the CUDA
         one needs none)."""
-        return TK.programs(device, settings.programs_per_sm) * tile * 8
+        return programs(device, settings.programs_per_sm) * tile * 8
 
     @staticmethod
     def row_bytes(num_docs: int, block_size: int, tile: int) -> int:
@@ -227,12 +227,15 @@ class TileScorer:
         ent, pairs, n_units = dev[:3 * n_ent], dev[plan.pairs_at:], n_pairs * self.tpb
         # Searches of up to 2^steps postings; rounded up to 8 (extra steps change nothing): few compiled variants.
         steps = -(-(plan.max_count.bit_length() + 1) // 8) * 8
-        TK._bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, TILE=self.tile, TPB=self.tpb, STEPS=steps)
+        from ragserve.kernels.gpu.triton.planning import _bounds_kernel
+        from ragserve.kernels.gpu.triton.relevancy import _tile_kernel
+
+        _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, TILE=self.tile, TPB=self.tpb, STEPS=steps)
         if self.copies is not None:
             self.copies.record(self._table_sent, self.stream)
         s = self.settings
         # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
-        TK._tile_kernel[(min(n_units, self.programs),)](
+        _tile_kernel[(min(n_units, self.programs),)](
             ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
             self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
             (1 << self.tf_bits) - 1, self.block_size, self._k_tile(k),

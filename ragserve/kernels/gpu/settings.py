@@ -4,7 +4,7 @@ Tests and benchmarks vary them with ``dataclasses.replace(GpuSettings(), ...)``;
 caller may change. The figures in the comments are the measurements that chose each default (H200, 21M passages
 unless said otherwise; ``benchmarks/RESULTS.md``).
 
-What stays a module constant, in ``cuda_kernels`` and ``relevancy``, is the kernels' compile-time layout that host
+What stays a module constant, in ``cuda/kernels.py`` and ``relevancy``, is the kernels' compile-time layout that host
 buffers and launch grids share with them (threads a block, terms whose ranges sit in shared memory, the Query struct,
 the running threshold's histogram, 32-doc groups): the CUDA sources' ``static_assert``s and the host's buffer sizes
 depend on those together, so they are not knobs.
