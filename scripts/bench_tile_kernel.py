@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from indexer.reader import IndexReader  # noqa: E402
 from tools.provenance import stamp  # noqa: E402
 from ragserve.kernels.gpu.cuda import kernels as CK  # noqa: E402
+from ragserve.kernels.contract import SearchError  # noqa: E402
 from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
 from ragserve.kernels.gpu.relevancy import TileScorer  # noqa: E402
 from ragserve.kernels.gpu.cuda.rtc import CudaModule  # noqa: E402
@@ -127,9 +128,10 @@ def main() -> int:
             versions[name] = mod.SOURCE
         else:
             versions[name] = Path(path).read_text()
-    g = GpuBackend(reader, kernel="triton", max_batch=args.batch)
-    if g._tiles.scorer != "cuda":
-        ap.error("the CUDA C tile scorer did not build here (NVRTC missing?)")
+    try:
+        g = GpuBackend(reader, scorer="cuda", max_batch=args.batch)
+    except SearchError as e:  # NVRTC missing, say
+        ap.error(str(e))
     _, cache, min_q = g._cache(K1, B)
     out = {"card": torch.cuda.get_device_name(0), "argv": sys.argv, "versions": {}}
     for name, source in versions.items():

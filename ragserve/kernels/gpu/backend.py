@@ -2,14 +2,15 @@
 
 The layout's arrays go to the device as they are (``postings.u32``, ``blk_id.u32``, ``blk_start.u32`` of each
 shard, concatenated into one arena, and ``norms.u8``; ``memory`` plans what fits). The host turns a batch of queries
-into work items (query, term, shard: ``planning``). Two paths, both equal to the CPU backend bit for bit:
-- ``triton`` (CUDA, the default there), the tiled path: ``relevancy.TileScorer`` scores doc tiles on chip in the
-  canonical term order (``cuda/relevancy.cu``, compiled by NVRTC; Triton's tile kernel where NVRTC is missing, and
-  under Triton's interpreter in CI) and keeps only group maxima and the scores that can reach the top-k; the CUDA C
-  kernel adds the terms of a query whose f64 sum is exact in any order (``bm25.sum_is_exact``) all at once with
-  shared-memory atomics, as 64-bit fixed-point sums (``planning.flat_shift``); ``selection.TileSelector`` finds the
-  top-k from them;
-- ``torch`` (any device, the reference): a dense f64 accumulator of shape [queries, num_docs]; a query whose
+into work items (query, term, shard: ``planning``). Two paths, both equal to the CPU backend bit for bit, and three
+scorers (``scorer=``, named by what runs; ``auto``, the default: the first of them that runs here):
+- ``cuda`` and ``triton``, the tiled path: ``relevancy.TileScorer`` scores doc tiles on chip in the canonical term
+  order, with the CUDA C kernels (``cuda/*.cu``, compiled by NVRTC) or Triton's (``triton/``: where NVRTC is
+  missing, and under Triton's interpreter in CI), and keeps only group maxima and the scores that can reach the
+  top-k; the CUDA C kernel adds the terms of a query whose f64 sum is exact in any order (``bm25.sum_is_exact``) all
+  at once with shared-memory atomics, as 64-bit fixed-point sums (``planning.flat_shift``);
+  ``selection.TileSelector`` finds the top-k from them;
+- ``torch`` (any device, the reference), the dense path: a dense f64 accumulator of shape [queries, num_docs]; a query whose
   f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go one
   launch each in ascending term id, so every cell sums in the canonical order (``relevancy.score_torch``,
   ``selection.select_topk``).
@@ -31,6 +32,7 @@ import functools
 import os
 import threading
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -40,6 +42,8 @@ from indexer.bm25 import QueryTerms
 from indexer.reader import IndexReader
 from ragserve.kernels.contract import Backend, SearchError, StageTimes, TopK
 from ragserve.kernels.gpu import relevancy as R
+from ragserve.kernels.gpu.cuda.kernels import TileKernels
+from ragserve.kernels.gpu.cuda.rtc import RtcError, StreamCopies
 from ragserve.kernels.gpu.graphs import QueryGraphs
 from ragserve.kernels.gpu.memory import MemoryPlan, MemoryPlanError, plan_memory
 from ragserve.kernels.gpu.planning import (ItemPlanner, Items, QueryTables, flat_shift, plan_queries, plan_tiles,
@@ -48,6 +52,8 @@ from ragserve.kernels.gpu.relevancy import TileScorer, score_torch
 from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS, TileSelector, select_topk
 from ragserve.kernels.gpu.settings import GpuSettings
 from ragserve.kernels.gpu.triton import triton_available
+
+SCORERS = ("auto", "cuda", "triton", "torch")  # "auto": the first of the others that runs on the device
 
 
 def _resolve_device(device: str | None) -> torch.device:
@@ -75,7 +81,7 @@ class GpuBackend(Backend):
     name = "gpu"
 
     def __init__(self, index: IndexReader, device: str | None = None, memory_bytes: int | None = None,
-                 max_batch: int = 64, kernel: str = "auto", term_order: str = "auto", topk: str = "blockmax",
+                 max_batch: int = 64, scorer: str = "auto", term_order: str = "auto", topk: str = "blockmax",
                  settings: GpuSettings | None = None, **options) -> None:
         super().__init__(index)
         if options:
@@ -89,7 +95,6 @@ class GpuBackend(Backend):
             raise SearchError(f"topk must be one of {', '.join(TOPK_METHODS)}, got {topk!r}")
         self.topk = topk
         self.device = _resolve_device(device)
-        self.kernel = self._pick_kernel(kernel)
         self.term_order = term_order
         self._cuda = self.device.type == "cuda"
         self._threads = threading.local()  # which threads have the device's context bound (``_is_current``)
@@ -100,11 +105,11 @@ class GpuBackend(Backend):
         if memory_bytes is None:
             memory_bytes = self._default_budget()
         shard_sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in index.shards]
-        tiled = self.kernel == "triton"
         self._tile = tile_size(index.block_size, settings.tile_max)
         tpb = index.block_size // self._tile
         # The CUDA C kernels (compiled now) and the driver's copies where the tiled path runs on CUDA.
-        kernels, copies = R.cuda_parts(self._tile, tpb, self.device, settings) if tiled else (None, None)
+        self.scorer, kernels, copies = self._pick_scorer(scorer, tpb)
+        tiled = self.scorer != "torch"
         # Host-side tables: work items are planned from them; streamed shards are staged from the layout.
         self._planner = ItemPlanner([s.term_ptr for s in index.shards], [s.blk_start for s in index.shards],
                                     [s.blk_id for s in index.shards])
@@ -144,7 +149,8 @@ class GpuBackend(Backend):
         def plan(table_bytes: int) -> MemoryPlan:
             return plan_memory(self.num_docs, shard_sizes, budget, max_batch,
                                row_bytes=TileScorer.row_bytes(self.num_docs, block, tile) if tiled else None,
-                               work_bytes=TileScorer.work_bytes(self.device, tile, self.settings) if tiled else 0,
+                               work_bytes=(TileScorer.work_bytes(self.device, tile, self.settings)
+                                           if self.scorer == "triton" else 0),
                                table_bytes=table_bytes, posting_extra=samples)
 
         if tables:
@@ -156,18 +162,39 @@ class GpuBackend(Backend):
                 pass
         return plan(0)
 
-    def _pick_kernel(self, kernel: str) -> str:
-        if kernel not in ("auto", "triton", "torch"):
-            raise SearchError(f"kernel must be 'auto', 'triton' or 'torch', got {kernel!r}")
-        if kernel == "auto":
-            return "triton" if self.device.type == "cuda" and triton_available() else "torch"
-        if kernel == "triton":
+    def _pick_scorer(self, scorer: str, tpb: int) -> tuple[str, TileKernels | None, StreamCopies | None]:
+        """What scores, and the CUDA parts it drives (``relevancy.cuda_parts``): ``cuda`` (the tiled path on the CUDA C
+        kernels), ``triton`` (the tiled path on Triton's), ``torch`` (the dense path); ``auto``: ``cuda`` where
+        they compile, else ``triton`` where it is installed (with a warning when NVRTC failed), else ``torch``."""
+        if scorer not in SCORERS:
+            raise SearchError(f"scorer must be one of {', '.join(SCORERS)} (auto, or the kernels that run: CUDA C, "
+                              f"Triton or torch), got {scorer!r}")
+        if scorer == "torch" or (scorer == "auto" and self.device.type != "cuda"):
+            return "torch", None, None
+        if scorer in ("auto", "cuda"):
+            try:
+                kernels, copies = R.cuda_parts(self._tile, tpb, self.device, self.settings, "cuda")
+            except RtcError as e:
+                if scorer == "cuda":
+                    raise SearchError(f"scorer='cuda': the CUDA C kernels do not compile here ({e}); "
+                                      f"scorer='triton' runs Triton's") from None
+                warnings.warn(f"the CUDA C tile kernels are unavailable, using Triton's (2.2x slower): {e}")
+                kernels = None
+            if kernels is not None:
+                return "cuda", kernels, copies
+            if scorer == "cuda":
+                why = ("needs a CUDA device" if self.device.type != "cuda"
+                       else f"needs tiles of at least {R.GROUP} docs (doc blocks of {self.index.block_size})")
+                raise SearchError(f"scorer='cuda' runs the CUDA C kernels, which {why}")
             if not triton_available():
-                raise SearchError("kernel='triton' asked for, but triton is not installed")
-            # Triton's interpreter (TRITON_INTERPRET=1) runs the same kernel on CPU tensors, for checking it.
+                return "torch", None, None
+        else:
+            if not triton_available():
+                raise SearchError("scorer='triton' asked for, but triton is not installed")
+            # Triton's interpreter (TRITON_INTERPRET=1) runs the same kernels on CPU tensors, for checking them.
             if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-                raise SearchError("kernel='triton' needs a CUDA device (or TRITON_INTERPRET=1)")
-        return kernel
+                raise SearchError("scorer='triton' needs a CUDA device (or TRITON_INTERPRET=1)")
+        return ("triton", *R.cuda_parts(self._tile, tpb, self.device, self.settings, "triton"))
 
     def _default_budget(self) -> int:
         if self.device.type != "cuda":
@@ -242,9 +269,9 @@ class GpuBackend(Backend):
 
     def describe(self) -> dict:
         p = self.plan
-        path = ({"tile_docs": self._tiles.tile, "tile_scorer": self._tiles.scorer,
+        path = ({"tile_docs": self._tiles.tile,
                  "single_query_graph": self._graphs is not None} if self._tiles is not None else {"topk": self.topk})
-        return {"backend": self.name, "device": str(self.device), "kernel": self.kernel,
+        return {"backend": self.name, "device": str(self.device), "scorer": self.scorer,
                 "term_order": self.term_order, **path,
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
                 "resident_shards": len(p.resident), "streamed_shards": len(p.streamed),

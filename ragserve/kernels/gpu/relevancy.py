@@ -30,19 +30,18 @@ Dense vectors (``inner_product``, torch, any device): inner products of queries 
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 
 from indexer.bm25 import QueryTerms
 from ragserve.kernels.gpu.cuda import kernels as CK
 from ragserve.kernels.gpu.cuda.kernels import TileKernels
+from ragserve.kernels.gpu.cuda.rtc import StreamCopies, current_stream
 from ragserve.kernels.gpu.planning import QueryTables, TilePlan, tile_size
-from ragserve.kernels.gpu.cuda.rtc import RtcError, StreamCopies, current_stream
 from ragserve.kernels.gpu.settings import GpuSettings
+# The Triton kernels themselves are imported where they launch: only where Triton imports (torch's CPU wheel ships
+# without it).
 from ragserve.kernels.gpu.triton import programs
-# The module, not its kernels: they exist only where Triton imports (torch's CPU wheel ships without it).
 
 GROUP = 32  # docs a group maximum: the CUDA kernels' warp-wide read-out is built on it (a group never straddles tiles)
 M32 = 0xFFFFFFFF
@@ -66,19 +65,14 @@ def filters(n_units: int, rows: int, k: int, step: int, settings: GpuSettings) -
     return settings.filter_ratio * k <= n_units // rows // step
 
 
-def cuda_parts(tile: int, tpb: int, device: torch.device,
-               settings: GpuSettings) -> tuple[TileKernels | None, StreamCopies | None]:
-    """What the tiled path drives CUDA with on ``device``: the CUDA C kernels (None where Triton's score: off CUDA,
-    ``settings.scorer == "triton"``, tiles under a group, or NVRTC missing) and the driver's copies, events and graphs
-    (None off CUDA)."""
+def cuda_parts(tile: int, tpb: int, device: torch.device, settings: GpuSettings,
+               scorer: str) -> tuple[TileKernels | None, StreamCopies | None]:
+    """What the tiled path drives CUDA with on ``device``: the CUDA C kernels for ``scorer="cuda"``, compiled now
+    (``RtcError`` where NVRTC cannot; None for Triton's scorer, and where they cannot run: off CUDA, tiles under a
+    group), and the driver's copies, events and graphs (None off CUDA)."""
     if device.type != "cuda":
         return None, None
-    kernels = None
-    if settings.scorer == "cuda" and tile >= GROUP:
-        try:
-            kernels = TileKernels.build(tile, tpb, device, settings)
-        except RtcError as e:
-            warnings.warn(f"the CUDA C tile kernels are unavailable, using the Triton ones (2.2x slower): {e}")
+    kernels = TileKernels.build(tile, tpb, device, settings) if scorer == "cuda" and tile >= GROUP else None
     return kernels, StreamCopies()
 
 
@@ -147,8 +141,7 @@ class TileScorer:
 
     @staticmethod
     def work_bytes(device: torch.device, tile: int, settings: GpuSettings) -> int:
-        """Device bytes of the Triton kernel's per-program scratch (planned before the scorer is known; the CUDA
-        one needs none)."""
+        """Device bytes of the Triton kernel's per-program scratch (the CUDA one needs none)."""
         return programs(device, settings.programs_per_sm) * tile * 8
 
     @staticmethod

@@ -34,7 +34,6 @@ from ragserve.kernels.contract import TopK
 from ragserve.kernels.gpu.cuda import kernels as CK
 from ragserve.kernels.gpu.relevancy import TileScorer
 from ragserve.kernels.gpu.settings import GpuSettings
-# The module, not its kernels: they exist only where Triton imports (torch's CPU wheel ships without it).
 
 TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
 GROUP = 32
