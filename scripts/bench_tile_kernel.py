@@ -54,7 +54,7 @@ def stage_ms(g: GpuBackend, chunk, cache: torch.Tensor, k: int, reps: int) -> fl
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g._tiles.begin(chunk[0])
-        g._tiles.score(chunk[1], g._post, g._norms, cache, k)
+        g._tiles.score(chunk[1], g._arena.post, g._arena.norms, cache, k)
         b.record()
         torch.cuda.synchronize()
         if i >= 2:  # the first two warm up
@@ -79,7 +79,7 @@ def use_kernels(g: GpuBackend, kernels: CK.TileKernels, sample_scale: float) -> 
     g._tiles = TileScorer(g.num_docs, tiles.block_size, g.tf_bits, g.plan.rows, g.device, settings, kernels,
                           tiles.copies)
     g._selector = TileSelector(g._tiles, g.plan.rows, settings)
-    g._tiles.sample(g._post, 0, g._stage_p)
+    g._tiles.sample(g._arena.post, 0, g._arena.stage_p)
 
 
 def main() -> int:

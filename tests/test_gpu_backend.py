@@ -776,7 +776,7 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
             _, cache, min_q = b._cache(0.9, 0.4)
             rows, plan, _, _ = b._plan_chunk(queries, min_q)
             tiles.begin(rows)
-            tiles.score(plan, b._post, b._norms, cache, k)
+            tiles.score(plan, b._arena.post, b._arena.norms, cache, k)
             maxima[running] = tiles.tile_maxima[:rows].clone()
             run = tiles.running[:rows, CK.RUN_BINS + 1].clone().view(torch.float32)
             selector.start(rows, k)
@@ -808,7 +808,7 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
     _, cache, min_q = g._cache(0.9, 0.4)
     rows, plan, _, _ = g._plan_chunk(queries, min_q)
     tiles.begin(rows)
-    tiles.score(plan, g._post, g._norms, cache, 1)
+    tiles.score(plan, g._arena.post, g._arena.norms, cache, 1)
     exact = tiles.tile_maxima[:rows].clone()  # row, global tile: the f32 of each tile's f64 maximum
     g._selector.start(rows, 1)
     g._selector.finish(lambda: None)
@@ -828,7 +828,8 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
         theta = torch.from_numpy(theta_np).to(g.device)
         listed.zero_()
         kn.filter(n_units, CK.threads(tiles.tile), table, plan.n_ent, table + 8 * plan.pairs_at, plan.n_pairs,
-                  g._post, g._norms, cache, tiles.bounds, g.num_docs, tiles.tf_bits, tiles.block_size, theta, listed)
+                  g._arena.post, g._arena.norms, cache, tiles.bounds, g.num_docs, tiles.tf_bits, tiles.block_size,
+                  theta, listed)
         out = listed.cpu().numpy()
         got = np.zeros(n_units, bool)
         got[out[1:1 + out[0]]] = True
@@ -851,14 +852,14 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
         g = GpuBackend(reader, scorer="cuda", max_batch=8)
         tiles = g._tiles
         assert g.plan.table_bytes > 0 and g.describe()["query_tables_bytes"] == g.plan.table_bytes
-        post = g._post.cpu().numpy().view(np.uint32)
+        post = g._arena.post.cpu().numpy().view(np.uint32)
         n_blocks, planner = tiles.n_blocks, g.device_arrays()["planner"]
         for q in [q for q in queries if 0 < len(q) <= CK.QMAX][:12]:
             assert tiles.plans_on_device(q)
-            want = plan_queries(planner, [q], g._pbase, n_blocks, False, 0.0)
+            want = plan_queries(planner, [q], g._arena.pbase, n_blocks, False, 0.0)
             tiles.begin(1)
             tiles.set_query(q, 37)
-            tiles.queue_plan(g._post.data_ptr())
+            tiles.queue_plan(g._arena.post.data_ptr())
             torch.cuda.synchronize()
             nt, stride = len(q), tiles.stride
             n_ent = n_blocks * nt
@@ -876,7 +877,7 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
                     o = planner.offsets[sh]
                     for e in range(o + planner.term_ptr[t, sh], o + planner.term_ptr[t + 1, sh]):
                         a0, a1 = int(planner.blk_start[e]), int(planner.blk_start[e + 1])
-                        expect[:, planner.blk_id[e], j] = g._pbase[sh] + a0, a1 - a0
+                        expect[:, planner.blk_id[e], j] = g._arena.pbase[sh] + a0, a1 - a0
             assert (ent[1] == expect[1]).all() and (ent[0][expect[1] > 0] == expect[0][expect[1] > 0]).all()
             assert ent[1].sum() == want.table[want.n_ent:2 * want.n_ent].sum() > 0  # every posting of the host plan
             for e in np.flatnonzero(ent[1].reshape(-1)):
