@@ -1,5 +1,6 @@
 """Export the attn_topk testbench's cases: random KV caches run through the CPU reference of each sparse attention
-method (ragserve.attention on CpuOps), with the kernel launch each one makes and the results it must return.
+method (ragserve.attention on ragserve.kernels.cpu.attention.CpuOps), with the kernel launch each one makes and
+the results it must return.
 
     python hls_bm25/tb_attn_export.py --out DIR [--seed S]
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ragserve.attention import get_method
-from ragserve.attention.ops import CpuOps
+from ragserve.kernels.cpu.attention import CpuOps
 from ragserve.kernels.fpga.attention import MODES
 
 # (name, method, batch, query heads, kv heads, context, head dim, budget, sink, local)

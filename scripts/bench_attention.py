@@ -41,9 +41,9 @@ import torch
 
 from ragserve.attention import get_method
 from ragserve.attention.common import Index
-from ragserve.attention.ops import TORCH, TritonOps
-from ragserve.kernels.gpu.attention_triton import DEFAULT, TritonAttentionSettings
-from ragserve.kernels.gpu.select_triton import bucket_topk, radix_topk
+from ragserve.kernels.gpu.attention import TORCH, TritonOps
+from ragserve.kernels.gpu.triton.attention import DEFAULT, TritonAttentionSettings
+from ragserve.kernels.gpu.triton.selection import bucket_topk, radix_topk
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

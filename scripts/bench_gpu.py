@@ -35,6 +35,7 @@ import platform
 import sys
 import time
 import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -45,15 +46,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from indexer.reader import IndexReader  # noqa: E402
 from indexer import bm25  # noqa: E402
-from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
+from ragserve.kernels.gpu.backend import SCORERS, GpuBackend  # noqa: E402
 from ragserve.kernels.gpu.relevancy import M32  # noqa: E402
 from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS  # noqa: E402
-from ragserve.kernels.gpu.triton_kernels import triton  # noqa: E402
 from ragserve.kernels.contract import StageTimes  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from ragserve.topics import read_queries  # noqa: E402
 from tools.machine import cpu_model  # noqa: E402
 from tools.provenance import stamp  # noqa: E402
+
+
+def triton_version() -> str | None:
+    try:
+        return version("triton")
+    except PackageNotFoundError:
+        return None
+
 
 T0 = time.time()
 
@@ -154,7 +162,7 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
     out["shards"] = len(m["shards"])
     k1, b = reader.k1, reader.b
     t = time.time()
-    searcher = Searcher(reader, backend="gpu", device=str(device), max_batch=args.batch, kernel=args.kernel)
+    searcher = Searcher(reader, backend="gpu", device=str(device), max_batch=args.batch, scorer=args.scorer)
     g: GpuBackend = searcher.backend
     out["gpu_load_s"] = round(time.time() - t, 2)
     out["gpu_describe"] = g.describe()
@@ -225,7 +233,7 @@ def bench_corpus(name: str, index_dir: Path, topics: Path, args, bw: float, devi
         r["gpu"]["single_stage_ms_mean"] = {"scoring": kt.relevancy * 1e3 / len(sample[:100]),
                                             "topk": kt.retrieval * 1e3 / len(sample[:100])}
         log(f"{name} k={k} gpu stages {r['gpu']['single_stage_ms_mean']}, batch {r['gpu']['batch_stage_s']}")
-        if g.kernel == "torch":  # the dense path's other top-k threshold method, for comparison
+        if g.scorer == "torch":  # the dense path's other top-k threshold method, for comparison
             default_topk = g.topk
             g.topk = next(m for m in TOPK_METHODS if m != default_topk)
             lat_t = []
@@ -341,7 +349,9 @@ def main() -> int:
                     help="of those, how many are timed one at a time (default: all)")
     ap.add_argument("--naive-n", type=int, default=100)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--kernel", default="auto", choices=("auto", "triton", "torch"))
+    ap.add_argument("--scorer", default="auto", choices=SCORERS,
+                    help="the gpu backend's kernels: cuda (CUDA C), triton, torch (the dense path); auto: the first "
+                         "that runs")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting new work after this many seconds")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
@@ -349,7 +359,7 @@ def main() -> int:
     device = torch.device(args.device)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor()})"
     report = {"card": card, "torch": torch.__version__,
-              "triton": getattr(triton, "__version__", None),
+              "triton": triton_version(),
               "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
               "argv": sys.argv, "corpora": []}
     copy, read = memory_rates(device)

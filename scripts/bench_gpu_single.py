@@ -18,6 +18,7 @@ adds the throughput of all the queries in batches of 64 (best of 3). The synthet
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -68,9 +69,12 @@ def main() -> int:
     names = {a for v in args.variants for a in VARIANTS[v]}
     if missing := sorted(a for a in names if not hasattr(GpuSettings(), a)):
         raise SystemExit(f"{args.code} has no {', '.join(missing)}: those variants cannot run there")
-    # A backend for each variant, with its settings.
-    backends = {v: GpuBackend(reader, device=args.device, kernel="triton", max_batch=64,
-                              settings=GpuSettings(**VARIANTS[v])) for v in args.variants}
+    # A backend for each variant, with its settings: the CUDA C scorer (Triton's interpreter on the CPU). A checkout
+    # before the option was named for what runs takes kernel="triton" for both.
+    scorer = "cuda" if torch.device(args.device).type == "cuda" else "triton"
+    path = ({"scorer": scorer} if "scorer" in inspect.signature(GpuBackend).parameters else {"kernel": "triton"})
+    backends = {v: GpuBackend(reader, device=args.device, max_batch=64, settings=GpuSettings(**VARIANTS[v]), **path)
+                for v in args.variants}
     g = backends[args.variants[0]]
     planner = g.device_arrays()["planner"]
     k1, b = reader.k1, reader.b

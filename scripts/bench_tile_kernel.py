@@ -34,10 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from indexer.reader import IndexReader  # noqa: E402
 from tools.provenance import stamp  # noqa: E402
-from ragserve.kernels.gpu import cuda_kernels as CK  # noqa: E402
+from ragserve.kernels.gpu.cuda import kernels as CK  # noqa: E402
+from ragserve.kernels.contract import SearchError  # noqa: E402
 from ragserve.kernels.gpu.backend import GpuBackend  # noqa: E402
 from ragserve.kernels.gpu.relevancy import TileScorer  # noqa: E402
-from ragserve.kernels.gpu.rtc import CudaModule  # noqa: E402
+from ragserve.kernels.gpu.cuda.rtc import CudaModule  # noqa: E402
 from ragserve.kernels.gpu.selection import TileSelector  # noqa: E402
 from ragserve.kernels.gpu.settings import GpuSettings  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
@@ -53,7 +54,7 @@ def stage_ms(g: GpuBackend, chunk, cache: torch.Tensor, k: int, reps: int) -> fl
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g._tiles.begin(chunk[0])
-        g._tiles.score(chunk[1], g._post, g._norms, cache, k)
+        g._tiles.score(chunk[1], g._arena.post, g._arena.norms, cache, k)
         b.record()
         torch.cuda.synchronize()
         if i >= 2:  # the first two warm up
@@ -78,7 +79,7 @@ def use_kernels(g: GpuBackend, kernels: CK.TileKernels, sample_scale: float) -> 
     g._tiles = TileScorer(g.num_docs, tiles.block_size, g.tf_bits, g.plan.rows, g.device, settings, kernels,
                           tiles.copies)
     g._selector = TileSelector(g._tiles, g.plan.rows, settings)
-    g._tiles.sample(g._post, 0, g._stage_p)
+    g._tiles.sample(g._arena.post, 0, g._arena.stage_p)
 
 
 def main() -> int:
@@ -127,9 +128,10 @@ def main() -> int:
             versions[name] = mod.SOURCE
         else:
             versions[name] = Path(path).read_text()
-    g = GpuBackend(reader, kernel="triton", max_batch=args.batch)
-    if g._tiles.scorer != "cuda":
-        ap.error("the CUDA C tile scorer did not build here (NVRTC missing?)")
+    try:
+        g = GpuBackend(reader, scorer="cuda", max_batch=args.batch)
+    except SearchError as e:  # NVRTC missing, say
+        ap.error(str(e))
     _, cache, min_q = g._cache(K1, B)
     out = {"card": torch.cuda.get_device_name(0), "argv": sys.argv, "versions": {}}
     for name, source in versions.items():

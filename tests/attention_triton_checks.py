@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from ragserve.attention import get_method
-from ragserve.attention.ops import TORCH, TritonOps
+from ragserve.kernels.gpu.attention import TORCH, TritonOps
 from ragserve.kernels.cpu.selection import topk_rows
-from ragserve.kernels.gpu import attention_triton as A
-from ragserve.kernels.gpu.select_triton import BucketSettings, bucket_topk, radix_topk
+from ragserve.kernels.gpu.triton import attention as A
+from ragserve.kernels.gpu.triton.selection import BucketSettings, bucket_topk, radix_topk
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -14,7 +14,7 @@ import torch
 
 from ragserve.attention import AttentionError, get_method, method_names
 from ragserve.attention.check import CheckSpec, run_check
-from ragserve.attention.ops import FPGA_SIM
+from ragserve.kernels.fpga.attention import FPGA_SIM
 from tests.conftest import REPO
 
 SPARSE = [m for m in method_names() if m != "dense"]

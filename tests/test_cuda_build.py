@@ -1,6 +1,6 @@
 """Every CUDA C kernel builds for Hopper (sm_90) with no GPU needed, so a kernel that stops building fails CI instead of
 the next H200 run: NVRTC from its wheel (``nvidia-cuda-nvrtc``, pinned in the ``dev`` extra) compiles each of
-``ragserve/kernels/gpu/cuda/*.cu`` alone and the program the loader compiles (``cuda_kernels.source()``), with the
+``ragserve/kernels/gpu/cuda/*.cu`` alone and the program the loader compiles (``cuda.kernels.source()``), with the
 loader's own options and defines, at the production tile size and at others the backend may choose; every kernel the
 host binds is in the machine code. Where nvcc is installed, ptxas' report also shows that at the production tile size
 every scoring kernel fits its launch bounds' registers without spilling, and its shared memory leaves room for the
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ragserve.kernels.gpu import cuda_kernels as CK
-from ragserve.kernels.gpu.rtc import compile_cubin, nvrtc_version
+from ragserve.kernels.gpu.cuda import kernels as CK
+from ragserve.kernels.gpu.cuda.rtc import compile_cubin, nvrtc_version
 from ragserve.kernels.gpu.settings import GpuSettings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragserve.kernels.gpu.rtc import CudaKernel, RtcError, StreamCopies
+from ragserve.kernels.gpu.cuda.rtc import CudaKernel, RtcError, StreamCopies
 
 
 class _Driver:

@@ -15,12 +15,13 @@ import torch
 from indexer.reader import IndexReader
 from indexer.writer import BuildOptions, build_index_from_documents
 from ragserve.kernels.cpu.backend import CpuBackend
-from ragserve.kernels.gpu import backend as gpu_backend, cuda_kernels as CK, relevancy, selection
+from ragserve.kernels.gpu import backend as gpu_backend, relevancy, selection
+from ragserve.kernels.gpu.cuda import kernels as CK
 from ragserve.kernels.gpu.backend import GpuBackend
-from ragserve.kernels.gpu.cuda_kernels import TileKernels
+from ragserve.kernels.gpu.cuda.kernels import TileKernels
 from ragserve.kernels.gpu.memory import MemoryPlanError, plan_memory
 from ragserve.kernels.gpu.settings import GpuSettings
-from ragserve.kernels.gpu.triton_kernels import triton_available
+from ragserve.kernels.gpu.triton import triton_available
 from indexer import bm25
 from ragserve.kernels.contract import SearchError
 from ragserve.kernels.registry import resolve_backend_name
@@ -219,11 +220,15 @@ def test_options_and_devices(hotpot):
     with pytest.raises(SearchError):
         GpuBackend(reader, device="cpu", term_order="random")
     with pytest.raises(SearchError):
-        GpuBackend(reader, device="cpu", kernel="cuda-magic")
+        GpuBackend(reader, device="cpu", kernel="triton")  # the option's old name: now an unknown option
+    with pytest.raises(SearchError, match="scorer must be one of auto, cuda, triton, torch"):
+        GpuBackend(reader, device="cpu", scorer="cuda-magic")
+    with pytest.raises(SearchError, match="scorer='cuda' runs the CUDA C kernels, which needs a CUDA device"):
+        GpuBackend(reader, device="cpu", scorer="cuda")
     with pytest.raises(SearchError):
         GpuBackend(reader, device="cpu", topk="sort")
     d = GpuBackend(reader, device="cpu").describe()
-    assert d["device"] == "cpu" and d["kernel"] == "torch" and d["streamed_shards"] == 0
+    assert d["device"] == "cpu" and d["scorer"] == "torch" and d["streamed_shards"] == 0
 
 
 def test_settings_are_one_object_passed_in(hotpot):
@@ -233,10 +238,12 @@ def test_settings_are_one_object_passed_in(hotpot):
     base = GpuSettings()
     with pytest.raises(AttributeError):
         base.peek = 8  # frozen: no caller changes another's settings
-    for bad in ({"scorer": "opencl"}, {"tile_max": 1000}, {"peek": 0}, {"budget_fraction": 1.5},
+    for bad in ({"tile_max": 1000}, {"peek": 0}, {"budget_fraction": 1.5},
                 {"min_capacity": -1}):
         with pytest.raises(ValueError):
             GpuSettings(**bad)
+    with pytest.raises(TypeError):
+        GpuSettings(scorer="triton")  # which kernels run is the backend's ``scorer=``, not a tuning setting
     with pytest.raises(SearchError, match="GpuSettings"):
         GpuBackend(reader, device="cpu", settings={"peek": 8})
     small = replace(base, tile_max=256)
@@ -359,24 +366,22 @@ def test_searcher_single_query_takes_the_graph_path(hotpot, monkeypatch):
     the selection kernels) and the hit the graph's ranking wrote. A batch takes the batched path. CI has no GPU: the
     backend runs on torch's CPU device with its CUDA parts (``relevancy.cuda_parts``: kernels, copies, graphs) on a
     recording driver; the path decision and everything around it are the backend's own."""
-    pytest.importorskip("triton")
     from ragserve.kernels.contract import StageTimes
-    from ragserve.kernels.gpu.rtc import CudaKernel, StreamCopies
+    from ragserve.kernels.gpu.cuda.rtc import CudaKernel, StreamCopies
 
     device = _RecordingDevice()
     module = SimpleNamespace(device=torch.device("cpu"), _cuda=device,
                              kernel=lambda name, sig: CudaKernel(module, name, sig))
     made = []
 
-    def parts(tile, tpb, dev, settings):
-        made.append((tile, tpb))
+    def parts(tile, tpb, dev, settings, scorer):
+        made.append((tile, tpb, scorer))
         return TileKernels(module, 132), StreamCopies(device)
 
     monkeypatch.setattr(relevancy, "cuda_parts", parts)
     monkeypatch.setattr(relevancy, "current_stream", lambda dev: 7)  # the caller's stream
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # kernel="triton" off CUDA; no Triton kernel runs here
     reader = hotpot[0]
-    s = Searcher(reader, backend="gpu", device="cpu", kernel="triton")
+    s = Searcher(reader, backend="gpu", device="cpu", scorer="cuda")  # the CUDA C kernels, on the recording driver
     assert made and s.backend.describe()["single_query_graph"]
     device.log.clear()
     times = StageTimes()
@@ -417,14 +422,12 @@ def test_unavailable_without_cuda(hotpot):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("term_order", ["auto", "ascending"])
-@pytest.mark.parametrize("kernel", ["triton", "torch"])
-def test_cuda_parity(arguana, hotpot, kernel, term_order):
-    if kernel == "triton" and not triton_available():
-        pytest.skip("triton is not installed")
+@pytest.mark.parametrize("scorer", ["cuda", "torch"])
+def test_cuda_parity(arguana, hotpot, scorer, term_order):
     before = torch.cuda.current_device()
     for reader, cpu, queries in (arguana, hotpot):
-        g = GpuBackend(reader, device=f"cuda:{torch.cuda.device_count() - 1}", kernel=kernel, term_order=term_order)
-        assert g.describe()["kernel"] == kernel
+        g = GpuBackend(reader, device=f"cuda:{torch.cuda.device_count() - 1}", scorer=scorer, term_order=term_order)
+        assert g.describe()["scorer"] == scorer
         for k in KS:
             assert_parity(g, cpu, queries if term_order == "auto" else queries[::10], k)
         g.close()
@@ -438,11 +441,11 @@ def test_cuda_parity(arguana, hotpot, kernel, term_order):
 def test_cuda_tile_scorers(hotpot, scorer, term_order):
     """Both tile scoring kernels (CUDA C through NVRTC, and Triton's) return the cpu backend's top-k; the CUDA one
     by both of its paths (terms at once where the sums are exact in any order, else one term after another)."""
-    if not triton_available():
+    if scorer == "triton" and not triton_available():
         pytest.skip("triton is not installed")
     reader, cpu, queries = hotpot
-    g = GpuBackend(reader, kernel="triton", max_batch=16, term_order=term_order, settings=GpuSettings(scorer=scorer))
-    assert g.describe()["tile_scorer"] == scorer
+    g = GpuBackend(reader, scorer=scorer, max_batch=16, term_order=term_order)
+    assert g.describe()["scorer"] == scorer
     cache = bm25.norm_cache(0.9, 0.4, reader.avgdl)
     min_q = float(cache[int(np.asarray(reader.norms).max())]) / 4
     flat = [bm25.sum_is_exact(q.weights, min_q) for q in queries]
@@ -453,14 +456,12 @@ def test_cuda_tile_scorers(hotpot, scorer, term_order):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("kernel", ["triton", "torch"])
-def test_cuda_streaming_and_auto(arguana, kernel):
-    if kernel == "triton" and not triton_available():
-        pytest.skip("triton is not installed")
+@pytest.mark.parametrize("scorer", ["cuda", "torch"])
+def test_cuda_streaming_and_auto(arguana, scorer):
     reader, cpu, queries = arguana
-    full = GpuBackend(reader, kernel=kernel, max_batch=1).plan
+    full = GpuBackend(reader, scorer=scorer, max_batch=1).plan
     budget = full.total_bytes - full.table_bytes - 1  # one byte short even without the device plan's tables
-    g = GpuBackend(reader, kernel=kernel, memory_bytes=budget, max_batch=8)
+    g = GpuBackend(reader, scorer=scorer, memory_bytes=budget, max_batch=8)
     assert g.describe()["streamed_shards"] >= 1
     assert_parity(g, cpu, queries[::5], 100)
     assert resolve_backend_name("auto") == "gpu"
@@ -626,7 +627,7 @@ def test_cuda_rank_candidates_kernel():
     descending, then doc ascending; heavy ties) to pinned host memory, the docs as int64 and the scores from word
     2 + room, and nothing else, for any count up to SORT_MAX; past SORT_MAX or past the candidates' room only the count.
     The candidates are left as they are."""
-    from ragserve.kernels.gpu.rtc import StreamCopies
+    from ragserve.kernels.gpu.cuda.rtc import StreamCopies
 
     dev = torch.device("cuda")
     kn = TileKernels.build(2048, 128, dev, GpuSettings())
@@ -660,7 +661,7 @@ def test_cuda_rank_candidates_kernel():
 @needs_cuda
 def test_cuda_current_stream_handle():
     """The raw accessor gives torch's current stream, also inside a ``torch.cuda.stream`` block."""
-    from ragserve.kernels.gpu.rtc import current_stream
+    from ragserve.kernels.gpu.cuda.rtc import current_stream
 
     dev = torch.device("cuda", torch.cuda.current_device())
     assert current_stream(dev) == torch.cuda.current_stream(dev).cuda_stream
@@ -676,7 +677,7 @@ def test_cuda_single_queries_ranked_on_the_device(hotpot, monkeypatch):
     """One query at a time, up to SORT_MAX candidates are ranked on the device (the host only reads the keys); past
     that the host ranks them. Both give the cpu backend's top-k."""
     reader, cpu, queries = hotpot
-    g = GpuBackend(reader, kernel="triton", max_batch=16)
+    g = GpuBackend(reader, scorer="cuda", max_batch=16)
     host = []
     rank_host = selection._rank_host
     monkeypatch.setattr(selection, "_rank_host", lambda *a: (host.append(a[4].size), rank_host(*a))[1])
@@ -697,7 +698,7 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     every search the maxima are zero again."""
     reader, cpu, queries = hotpot
     small = GpuSettings(min_capacity=16, candidates_per_hit=0, peek=8)
-    g = GpuBackend(reader, kernel="triton", max_batch=16, settings=small)
+    g = GpuBackend(reader, scorer="cuda", max_batch=16, settings=small)
     launches = []
     launch = g._launch_chunk
     monkeypatch.setattr(g, "_launch_chunk", lambda *a: (launches.append(1), launch(*a)))
@@ -716,7 +717,7 @@ def test_cuda_batches_ranked_by_torch_ops(hotpot):
     """Batches whose candidates the device ranks with torch ops (past ``host_rank_max``), several in the pipeline (each
     ranked while the next is queued): every batch gets the cpu backend's top-k."""
     reader, cpu, queries = hotpot
-    g = GpuBackend(reader, kernel="triton", max_batch=8, settings=GpuSettings(host_rank_max=0))
+    g = GpuBackend(reader, scorer="cuda", max_batch=8, settings=GpuSettings(host_rank_max=0))
     for k in (10, 100):
         assert_parity(g, cpu, queries[:64], k)  # 8 batches
     assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
@@ -737,7 +738,7 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
     steps = []
     step = relevancy.sample_step
     monkeypatch.setattr(relevancy, "sample_step", lambda *a: (steps.append(step(*a)), steps[-1])[1])
-    g = GpuBackend(reader, kernel="triton", max_batch=32, term_order=term_order, settings=settings)
+    g = GpuBackend(reader, scorer="cuda", max_batch=32, term_order=term_order, settings=settings)
     assert g.describe()["tile_scorer"] == "cuda" and g._tiles.n_tiles > 50
     filtered = []
     kn = g._tiles.kernels
@@ -765,7 +766,7 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
     queries = [q for q in queries if len(q)][:32]
     # every unit scored in one launch; the scan compiled in every 4 tiles
     base = GpuSettings(sample_scale=0.0, run_scan=4)
-    backends = {running: GpuBackend(reader, kernel="triton", max_batch=32,
+    backends = {running: GpuBackend(reader, scorer="cuda", max_batch=32,
                                     settings=replace(base, running_threshold=running)) for running in (False, True)}
     g = backends[True]
     for k in (1, 10, 30):
@@ -775,7 +776,7 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
             _, cache, min_q = b._cache(0.9, 0.4)
             rows, plan, _, _ = b._plan_chunk(queries, min_q)
             tiles.begin(rows)
-            tiles.score(plan, b._post, b._norms, cache, k)
+            tiles.score(plan, b._arena.post, b._arena.norms, cache, k)
             maxima[running] = tiles.tile_maxima[:rows].clone()
             run = tiles.running[:rows, CK.RUN_BINS + 1].clone().view(torch.float32)
             selector.start(rows, k)
@@ -801,13 +802,13 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
     reader, s, queries = small_blocks(hotpot_paragraphs_jsonl, tmp_path)
     queries = [q for q in queries if len(q)][:32]
     # every unit scored exactly, no threshold, nor a running one: every tile's maximum written
-    g = GpuBackend(reader, kernel="triton", max_batch=32,
+    g = GpuBackend(reader, scorer="cuda", max_batch=32,
                    settings=GpuSettings(sample_scale=0.0, running_threshold=False))
     tiles, kn = g._tiles, g._tiles.kernels
     _, cache, min_q = g._cache(0.9, 0.4)
     rows, plan, _, _ = g._plan_chunk(queries, min_q)
     tiles.begin(rows)
-    tiles.score(plan, g._post, g._norms, cache, 1)
+    tiles.score(plan, g._arena.post, g._arena.norms, cache, 1)
     exact = tiles.tile_maxima[:rows].clone()  # row, global tile: the f32 of each tile's f64 maximum
     g._selector.start(rows, 1)
     g._selector.finish(lambda: None)
@@ -827,7 +828,8 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
         theta = torch.from_numpy(theta_np).to(g.device)
         listed.zero_()
         kn.filter(n_units, CK.threads(tiles.tile), table, plan.n_ent, table + 8 * plan.pairs_at, plan.n_pairs,
-                  g._post, g._norms, cache, tiles.bounds, g.num_docs, tiles.tf_bits, tiles.block_size, theta, listed)
+                  g._arena.post, g._arena.norms, cache, tiles.bounds, g.num_docs, tiles.tf_bits, tiles.block_size,
+                  theta, listed)
         out = listed.cpu().numpy()
         got = np.zeros(n_units, bool)
         got[out[1:1 + out[0]]] = True
@@ -847,17 +849,17 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
     from ragserve.kernels.gpu.planning import plan_queries
 
     for reader, _, queries in (arguana, hotpot):
-        g = GpuBackend(reader, kernel="triton", max_batch=8)
+        g = GpuBackend(reader, scorer="cuda", max_batch=8)
         tiles = g._tiles
         assert g.plan.table_bytes > 0 and g.describe()["query_tables_bytes"] == g.plan.table_bytes
-        post = g._post.cpu().numpy().view(np.uint32)
+        post = g._arena.post.cpu().numpy().view(np.uint32)
         n_blocks, planner = tiles.n_blocks, g.device_arrays()["planner"]
         for q in [q for q in queries if 0 < len(q) <= CK.QMAX][:12]:
             assert tiles.plans_on_device(q)
-            want = plan_queries(planner, [q], g._pbase, n_blocks, False, 0.0)
+            want = plan_queries(planner, [q], g._arena.pbase, n_blocks, False, 0.0)
             tiles.begin(1)
             tiles.set_query(q, 37)
-            tiles.queue_plan(g._post.data_ptr())
+            tiles.queue_plan(g._arena.post.data_ptr())
             torch.cuda.synchronize()
             nt, stride = len(q), tiles.stride
             n_ent = n_blocks * nt
@@ -875,7 +877,7 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
                     o = planner.offsets[sh]
                     for e in range(o + planner.term_ptr[t, sh], o + planner.term_ptr[t + 1, sh]):
                         a0, a1 = int(planner.blk_start[e]), int(planner.blk_start[e + 1])
-                        expect[:, planner.blk_id[e], j] = g._pbase[sh] + a0, a1 - a0
+                        expect[:, planner.blk_id[e], j] = g._arena.pbase[sh] + a0, a1 - a0
             assert (ent[1] == expect[1]).all() and (ent[0][expect[1] > 0] == expect[0][expect[1] > 0]).all()
             assert ent[1].sum() == want.table[want.n_ent:2 * want.n_ent].sum() > 0  # every posting of the host plan
             for e in np.flatnonzero(ent[1].reshape(-1)):
@@ -902,7 +904,7 @@ def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypa
     plan = gpu_backend.plan_queries
     monkeypatch.setattr(gpu_backend, "plan_queries", lambda *a: (host.append(len(a[1])), plan(*a))[1])
     for term_order in ("auto", "ascending"):
-        g = GpuBackend(reader, kernel="triton", max_batch=8, term_order=term_order)
+        g = GpuBackend(reader, scorer="cuda", max_batch=8, term_order=term_order)
         assert g.describe()["single_query_graph"]
         captures, launches = [], []
         copies = g._tiles.copies

@@ -27,15 +27,15 @@ def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queri
     s = Searcher(reader, backend="cpu", threads=1)
     with open(hotpot_jsonl) as f:
         qs = [s.analyze(json.loads(line)["question_text"]) for line in f][:6]
-    g = GpuBackend(reader, device="cpu", kernel="triton", max_batch=2)  # three batches: the overlapped planning
+    g = GpuBackend(reader, device="cpu", scorer="triton", max_batch=2)  # three batches: the overlapped planning
     for k in (1, 1000):
         bad[f"hotpot k={k}"] = mismatches(g, s.backend, qs, k)
-    budget = GpuBackend(reader, device="cpu", kernel="triton", max_batch=1).plan.total_bytes - 1
-    streaming = GpuBackend(reader, device="cpu", kernel="triton", memory_bytes=budget, max_batch=2)
+    budget = GpuBackend(reader, device="cpu", scorer="triton", max_batch=1).plan.total_bytes - 1
+    streaming = GpuBackend(reader, device="cpu", scorer="triton", memory_bytes=budget, max_batch=2)
     assert streaming.describe()["streamed_shards"] >= 1
     bad["hotpot streamed k=10"] = mismatches(streaming, s.backend, qs, 10)
     # A second transfer, and a batch scored again (the first collect cleared the maxima) with more room.
-    small = GpuBackend(reader, device="cpu", kernel="triton", max_batch=2,
+    small = GpuBackend(reader, device="cpu", scorer="triton", max_batch=2,
                        settings=GpuSettings(peek=8, min_capacity=16, candidates_per_hit=0))
     launches = []
     launch = small._launch_chunk
@@ -49,9 +49,9 @@ def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queri
     s = Searcher(reader, backend="cpu", threads=1)
     # whole arguments, more terms than a tile holds (16), yet short enough for the interpreter (the first are 285)
     qs = [q for q in (s.analyze(q.text) for q in read_queries(arguana_queries)[:20]) if 16 < q.term_ids.size <= 40][:2]
-    g = GpuBackend(reader, device="cpu", kernel="triton", max_batch=2)
+    g = GpuBackend(reader, device="cpu", scorer="triton", max_batch=2)
     bad["arguana k=10"] = mismatches(g, s.backend, qs, 10)
-    device_ranking = GpuBackend(reader, device="cpu", kernel="triton", max_batch=2,
+    device_ranking = GpuBackend(reader, device="cpu", scorer="triton", max_batch=2,
                                 settings=GpuSettings(host_rank_max=0))
     bad["arguana k=1000, device ranking"] = mismatches(device_ranking, s.backend, qs, 1000)
     print(json.dumps(bad))

@@ -102,8 +102,8 @@ def run_check(spec: CheckSpec) -> dict:
 
 def _ops(device: str):
     if device == "fpga-sim":
-        from ragserve.attention.ops import FPGA_SIM
-        return FPGA_SIM
+        from ragserve.kernels.registry import attention_ops
+        return attention_ops("fpga-sim")
     return None
 
 

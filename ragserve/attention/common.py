@@ -1,13 +1,14 @@
-"""The data the attention methods, their kernels and their callers share: settings, index, scores, selection."""
+"""The data the attention methods and their callers share: settings and index; the kernels' results (scores,
+selection) and error come from the kernel library's contract, where the kernels that produce them can see them."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragserve.kernels.contract import AttentionError, Relevancy, Selection
 
-class AttentionError(ValueError):
-    """Bad attention settings or inputs: callers turn it into exit 2 / a 4xx."""
+__all__ = ["AttentionError", "Index", "Relevancy", "Selection", "SparseConfig"]
 
 
 @dataclass(frozen=True)
@@ -50,28 +51,3 @@ class Index:
     n: int
     arrays: dict[str, Any] = field(default_factory=dict)
     room: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Relevancy:
-    """Unit scores [B, Gs, U] (Gs = G, or 1 when one selection serves every group), and the top units of the
-    middle range when the device fused the selection into scoring (the FPGA kernel), else None."""
-
-    scores: Any
-    top: Any = None
-    scale: float = 1.0  # what turns a score into a logit (a gate's softmax uses it)
-
-
-@dataclass
-class Selection:
-    """Tokens attended per (sequence, selection group): ``tokens`` [B, Gs, S] ascending, ``valid`` [B, Gs, S]
-    (False on padding: past the end of the cache, or a block under the threshold); ``top`` [B, Gs, k] the units
-    chosen by score, best first (sink and local units excluded). The Triton path leaves both unordered."""
-
-    tokens: Any
-    valid: Any
-    top: Any
-
-    def counts(self):
-        """Tokens attended per [B, Gs]."""
-        return self.valid.sum(-1)

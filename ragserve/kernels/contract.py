@@ -1,4 +1,5 @@
-"""What every retrieval backend shares: the ``Backend`` interface, its result (``TopK``), stage timings and errors.
+"""What every retrieval backend shares: the ``Backend`` interface, its result (``TopK``), stage timings and errors;
+and what every device's attention kernels return (``Relevancy``, ``Selection``) or raise (``AttentionError``).
 
 The memory pipeline's stages, and where each backend draws the line between the two it times:
 - prepare: analysing the query into weighted terms (the searcher; backends never time it);
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -104,3 +105,33 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release device memory or handles."""
+
+
+# -- the attention kernels' results (``kernels/<device>/attention.py``) ---------------------------------------
+class AttentionError(ValueError):
+    """Bad attention settings or inputs: callers turn it into exit 2 / a 4xx."""
+
+
+@dataclass
+class Relevancy:
+    """Unit scores [B, Gs, U] (Gs = G, or 1 when one selection serves every group), and the top units of the
+    middle range when the device fused the selection into scoring (the FPGA kernel), else None."""
+
+    scores: Any
+    top: Any = None
+    scale: float = 1.0  # what turns a score into a logit (a gate's softmax uses it)
+
+
+@dataclass
+class Selection:
+    """Tokens attended per (sequence, selection group): ``tokens`` [B, Gs, S] ascending, ``valid`` [B, Gs, S]
+    (False on padding: past the end of the cache, or a block under the threshold); ``top`` [B, Gs, k] the units
+    chosen by score, best first (sink and local units excluded). The Triton path leaves both unordered."""
+
+    tokens: Any
+    valid: Any
+    top: Any
+
+    def counts(self):
+        """Tokens attended per [B, Gs]."""
+        return self.valid.sum(-1)

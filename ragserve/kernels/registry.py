@@ -1,9 +1,10 @@
-"""Backends by name (a registry, as vLLM and transformers keep attention implementations): each loads lazily."""
+"""Backends and attention kernels by name (a registry, as vLLM and transformers keep attention implementations):
+each loads lazily, so naming a device never imports another device's libraries (Triton above all)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
-from ragserve.kernels.contract import Backend, SearchError
+from ragserve.kernels.contract import AttentionError, Backend, SearchError
 
 _REGISTRY: dict[str, Callable[[], type[Backend]]] = {}
 
@@ -58,3 +59,53 @@ register_backend("cpu", _load_cpu)
 register_backend("gpu", _load_gpu)
 register_backend("fpga", _load_fpga)
 register_backend("fpga-sim", _load_fpga_sim)
+
+
+# -- attention kernels: one ``attention`` module a device, the same operations under the same names ------------
+_OPS: dict[str, Callable[[], Any]] = {}
+_OPS_LOADED: dict[str, Any] = {}
+
+
+def register_attention_ops(name: str, loader: Callable[[], Any]) -> None:
+    """Register a device's attention kernels lazily: ``loader`` imports their module and returns the kernels."""
+    _OPS[name] = loader
+    _OPS_LOADED.pop(name, None)
+
+
+def attention_ops_names() -> list[str]:
+    return sorted(_OPS)
+
+
+def attention_ops(name: str) -> Any:
+    """The attention kernels named ``name`` (one shared instance); ImportError where their library is missing."""
+    if name not in _OPS:
+        raise AttentionError(f"unknown attention kernels {name!r}; choose one of: {', '.join(attention_ops_names())}")
+    if name not in _OPS_LOADED:
+        _OPS_LOADED[name] = _OPS[name]()
+    return _OPS_LOADED[name]
+
+
+def _ops_cpu() -> Any:
+    from ragserve.kernels.cpu.attention import CPU
+    return CPU
+
+
+def _ops_fpga_sim() -> Any:
+    from ragserve.kernels.fpga.attention import FPGA_SIM
+    return FPGA_SIM
+
+
+def _ops_torch() -> Any:
+    from ragserve.kernels.gpu.attention import TORCH
+    return TORCH
+
+
+def _ops_triton() -> Any:
+    from ragserve.kernels.gpu.attention import TritonOps
+    return TritonOps()
+
+
+register_attention_ops("cpu", _ops_cpu)
+register_attention_ops("fpga-sim", _ops_fpga_sim)
+register_attention_ops("torch", _ops_torch)
+register_attention_ops("triton", _ops_triton)

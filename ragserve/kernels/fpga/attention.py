@@ -1,6 +1,7 @@
 """Host side of the ``attn_topk`` FPGA kernel (``hls_bm25/attn_topk.cpp``): packs a launch's queries and keys as the
 kernel reads them from HBM and calls its C simulation (``fpga-sim``), the inner-product + reduction + top-k of
-sparse attention. Only the top-k unit ids (and the unit scores, a verification port) come back.
+sparse attention. Only the top-k unit ids (and the unit scores, a verification port) come back. ``FpgaSimOps`` are
+the attention kernels of ``kernels/cpu/attention.py`` with relevancy and selection fused in this kernel.
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import threading
 
 import numpy as np
 
+from ragserve.kernels.contract import AttentionError, Relevancy
+from ragserve.kernels.cpu.attention import CpuOps
 from ragserve.kernels.fpga.sim import load_kernel
 
 # Mirrors hls_bm25/attn_topk.h.
@@ -73,3 +76,32 @@ def attn_topk(mode: str, q: np.ndarray, keys: np.ndarray, unit: int, mid_start: 
                       MODES[mode], mid_start, end, kk)
     return {"scores": scores, "ids": ids[:, :k].astype(np.int64), "top": top[:, :k], "counts": counts,
             "stats": stats}
+
+
+class FpgaSimOps(CpuOps):
+    """The CPU's arrays and kernels, with relevancy and selection fused in the FPGA kernel's C simulation
+    (``hls_bm25/attn_topk.cpp``): the same f32 operations in the same order, so the same bits as ``CpuOps``."""
+
+    name = "fpga-sim"
+
+    def relevancy(self, kind: str, plan: tuple[int, int, int], **arrays) -> Relevancy:
+        if arrays.get("key_valid") is not None:
+            raise AttentionError("fpga-sim does not take a key mask")
+        q = self.asarray(arrays["q"])
+        keys = self.asarray(arrays["lo" if kind == "bounds_max" else "keys"])
+        b, gs = q.shape[:2]
+        unit = arrays.get("unit", 1)
+        num_units = -(-keys.shape[-2] // unit)
+        sink, local, k = plan
+        try:
+            r = attn_topk(kind, q.reshape(b * gs, *q.shape[2:]), keys.reshape(b * gs, *keys.shape[2:]), unit,
+                          sink, num_units - local, k,
+                          w=None if "w" not in arrays else self.asarray(arrays["w"]).reshape(b * gs, -1),
+                          keys_hi=None if kind != "bounds_max" else self.asarray(arrays["hi"]).reshape(
+                              b * gs, *keys.shape[2:]))
+        except FpgaLimitError as e:
+            raise AttentionError(str(e)) from None
+        return Relevancy(r["scores"].reshape(b, gs, -1), top=r["ids"].reshape(b, gs, -1))
+
+
+FPGA_SIM = FpgaSimOps()

@@ -1,17 +1,19 @@
 """The GPU backend: exact BM25 top-k on a CUDA device (torch, Triton and CUDA C kernels), batched.
 
 The layout's arrays go to the device as they are (``postings.u32``, ``blk_id.u32``, ``blk_start.u32`` of each
-shard, concatenated into one arena, and ``norms.u8``; ``memory`` plans what fits). The host turns a batch of queries
-into work items (query, term, shard: ``planning``). Two paths, both equal to the CPU backend bit for bit:
-- ``triton`` (CUDA, the default there), the tiled path: ``relevancy.TileScorer`` scores doc tiles on chip in the
-  canonical term order (``cuda/relevancy.cu``, compiled by NVRTC; Triton's tile kernel where NVRTC is missing, and
-  under Triton's interpreter in CI) and keeps only group maxima and the scores that can reach the top-k; the CUDA C
-  kernel adds the terms of a query whose f64 sum is exact in any order (``bm25.sum_is_exact``) all at once with
-  shared-memory atomics, as 64-bit fixed-point sums (``planning.flat_shift``); ``selection.TileSelector`` finds the
-  top-k from them;
-- ``torch`` (any device, the reference): a dense f64 accumulator of shape [queries, num_docs]; a query whose
-  f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go one
-  launch each in ascending term id, so every cell sums in the canonical order (``relevancy.score_torch``,
+shard, concatenated into one arena, and ``norms.u8``; ``memory`` plans what fits, and its ``DeviceArena`` holds it).
+The host turns a batch of queries into work items (query, term, shard: ``planning``). Two paths, both equal to the
+CPU backend bit for bit, and three scorers (``scorer=``, named by what runs; ``auto``, the default: the first of them
+that runs here):
+- ``cuda`` and ``triton``, the tiled path: ``relevancy.TileScorer`` scores doc tiles on chip in the canonical term
+  order, with the CUDA C kernels (``cuda/*.cu``, compiled by NVRTC) or Triton's (``triton/``: where NVRTC is
+  missing, and under Triton's interpreter in CI), and keeps only group maxima and the scores that can reach the
+  top-k; the CUDA C kernel adds the terms of a query whose f64 sum is exact in any order (``bm25.sum_is_exact``) all
+  at once with shared-memory atomics, as 64-bit fixed-point sums (``planning.flat_shift``);
+  ``selection.TileSelector`` finds the top-k from them;
+- ``torch`` (any device, the reference), the dense path: a dense f64 accumulator of shape [queries, num_docs]; a
+  query whose f64 sum is exact in any order (``bm25.sum_is_exact``) is scored in one launch, otherwise its terms go
+  one launch each in ascending term id, so every cell sums in the canonical order (``relevancy.score_torch``,
   ``selection.select_topk``).
 Shards that do not fit the memory budget stay on the host and are staged per batch. On the tiled path, batches
 run in a pipeline: the host plans batch n + 1 and queues it behind batch n's selection, then ranks batch n's
@@ -31,6 +33,7 @@ import functools
 import os
 import threading
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -40,14 +43,18 @@ from indexer.bm25 import QueryTerms
 from indexer.reader import IndexReader
 from ragserve.kernels.contract import Backend, SearchError, StageTimes, TopK
 from ragserve.kernels.gpu import relevancy as R
+from ragserve.kernels.gpu.cuda.kernels import TileKernels
+from ragserve.kernels.gpu.cuda.rtc import RtcError, StreamCopies
 from ragserve.kernels.gpu.graphs import QueryGraphs
-from ragserve.kernels.gpu.memory import MemoryPlan, MemoryPlanError, plan_memory
+from ragserve.kernels.gpu.memory import DeviceArena, MemoryPlan, MemoryPlanError, plan_memory
 from ragserve.kernels.gpu.planning import (ItemPlanner, Items, QueryTables, flat_shift, plan_queries, plan_tiles,
                                            tile_size)
 from ragserve.kernels.gpu.relevancy import TileScorer, score_torch
 from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS, TileSelector, select_topk
 from ragserve.kernels.gpu.settings import GpuSettings
-from ragserve.kernels.gpu.triton_kernels import triton_available
+from ragserve.kernels.gpu.triton import triton_available
+
+SCORERS = ("auto", "cuda", "triton", "torch")  # "auto": the first of the others that runs on the device
 
 
 def _resolve_device(device: str | None) -> torch.device:
@@ -75,7 +82,7 @@ class GpuBackend(Backend):
     name = "gpu"
 
     def __init__(self, index: IndexReader, device: str | None = None, memory_bytes: int | None = None,
-                 max_batch: int = 64, kernel: str = "auto", term_order: str = "auto", topk: str = "blockmax",
+                 max_batch: int = 64, scorer: str = "auto", term_order: str = "auto", topk: str = "blockmax",
                  settings: GpuSettings | None = None, **options) -> None:
         super().__init__(index)
         if options:
@@ -89,7 +96,6 @@ class GpuBackend(Backend):
             raise SearchError(f"topk must be one of {', '.join(TOPK_METHODS)}, got {topk!r}")
         self.topk = topk
         self.device = _resolve_device(device)
-        self.kernel = self._pick_kernel(kernel)
         self.term_order = term_order
         self._cuda = self.device.type == "cuda"
         self._threads = threading.local()  # which threads have the device's context bound (``_is_current``)
@@ -100,11 +106,11 @@ class GpuBackend(Backend):
         if memory_bytes is None:
             memory_bytes = self._default_budget()
         shard_sizes = [(int(s.postings.size), int(s.blk_id.size)) for s in index.shards]
-        tiled = self.kernel == "triton"
         self._tile = tile_size(index.block_size, settings.tile_max)
         tpb = index.block_size // self._tile
         # The CUDA C kernels (compiled now) and the driver's copies where the tiled path runs on CUDA.
-        kernels, copies = R.cuda_parts(self._tile, tpb, self.device, settings) if tiled else (None, None)
+        self.scorer, kernels, copies = self._pick_scorer(scorer, tpb)
+        tiled = self.scorer != "torch"
         # Host-side tables: work items are planned from them; streamed shards are staged from the layout.
         self._planner = ItemPlanner([s.term_ptr for s in index.shards], [s.blk_start for s in index.shards],
                                     [s.blk_id for s in index.shards])
@@ -121,16 +127,16 @@ class GpuBackend(Backend):
         self._selector: TileSelector | None = None
         self._graphs: QueryGraphs | None = None  # single queries as one graph launch, where the device plans them
         with self._on_device():
-            self._load(norms)
+            self._arena = arena = DeviceArena(index, self.plan, self.device, settings.bounce_elems)
             if tiled:
                 self._tiles = TileScorer(self.num_docs, index.block_size, self.tf_bits, self.plan.rows, self.device,
                                          settings, kernels, copies)
                 self._selector = TileSelector(self._tiles, self.plan.rows, settings)
-                self._tiles.sample(self._post, 0, self._stage_p)  # the resident shards' postings
+                self._tiles.sample(arena.post, 0, arena.stage_p)  # the resident shards' postings
             if self.plan.table_bytes:
                 self._tiles.set_query_tables(QueryTables.build(
-                    self._planner, self._ebase, self._pbase, [(s.block_start, s.block_end) for s in index.shards],
-                    self._bid, self._bst, self.device))
+                    self._planner, arena.ebase, arena.pbase, [(s.block_start, s.block_end) for s in index.shards],
+                    arena.bid, arena.bst, self.device))
                 self._graphs = QueryGraphs(self._tiles, self._selector, settings)
 
     # -- setup --------------------------------------------------------------------------------
@@ -144,7 +150,8 @@ class GpuBackend(Backend):
         def plan(table_bytes: int) -> MemoryPlan:
             return plan_memory(self.num_docs, shard_sizes, budget, max_batch,
                                row_bytes=TileScorer.row_bytes(self.num_docs, block, tile) if tiled else None,
-                               work_bytes=TileScorer.work_bytes(self.device, tile, self.settings) if tiled else 0,
+                               work_bytes=(TileScorer.work_bytes(self.device, tile, self.settings)
+                                           if self.scorer == "triton" else 0),
                                table_bytes=table_bytes, posting_extra=samples)
 
         if tables:
@@ -156,18 +163,39 @@ class GpuBackend(Backend):
                 pass
         return plan(0)
 
-    def _pick_kernel(self, kernel: str) -> str:
-        if kernel not in ("auto", "triton", "torch"):
-            raise SearchError(f"kernel must be 'auto', 'triton' or 'torch', got {kernel!r}")
-        if kernel == "auto":
-            return "triton" if self.device.type == "cuda" and triton_available() else "torch"
-        if kernel == "triton":
+    def _pick_scorer(self, scorer: str, tpb: int) -> tuple[str, TileKernels | None, StreamCopies | None]:
+        """What scores, and the CUDA parts it drives (``relevancy.cuda_parts``): ``cuda`` (the tiled path on the CUDA C
+        kernels), ``triton`` (the tiled path on Triton's), ``torch`` (the dense path); ``auto``: ``cuda`` where
+        they compile, else ``triton`` where it is installed (with a warning when NVRTC failed), else ``torch``."""
+        if scorer not in SCORERS:
+            raise SearchError(f"scorer must be one of {', '.join(SCORERS)} (auto, or the kernels that run: CUDA C, "
+                              f"Triton or torch), got {scorer!r}")
+        if scorer == "torch" or (scorer == "auto" and self.device.type != "cuda"):
+            return "torch", None, None
+        if scorer in ("auto", "cuda"):
+            try:
+                kernels, copies = R.cuda_parts(self._tile, tpb, self.device, self.settings, "cuda")
+            except RtcError as e:
+                if scorer == "cuda":
+                    raise SearchError(f"scorer='cuda': the CUDA C kernels do not compile here ({e}); "
+                                      f"scorer='triton' runs Triton's") from None
+                warnings.warn(f"the CUDA C tile kernels are unavailable, using Triton's (2.2x slower): {e}")
+                kernels = None
+            if kernels is not None:
+                return "cuda", kernels, copies
+            if scorer == "cuda":
+                why = ("needs a CUDA device" if self.device.type != "cuda"
+                       else f"needs tiles of at least {R.GROUP} docs (doc blocks of {self.index.block_size})")
+                raise SearchError(f"scorer='cuda' runs the CUDA C kernels, which {why}")
             if not triton_available():
-                raise SearchError("kernel='triton' asked for, but triton is not installed")
-            # Triton's interpreter (TRITON_INTERPRET=1) runs the same kernel on CPU tensors, for checking it.
+                return "torch", None, None
+        else:
+            if not triton_available():
+                raise SearchError("scorer='triton' asked for, but triton is not installed")
+            # Triton's interpreter (TRITON_INTERPRET=1) runs the same kernels on CPU tensors, for checking them.
             if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-                raise SearchError("kernel='triton' needs a CUDA device (or TRITON_INTERPRET=1)")
-        return kernel
+                raise SearchError("scorer='triton' needs a CUDA device (or TRITON_INTERPRET=1)")
+        return ("triton", *R.cuda_parts(self._tile, tpb, self.device, self.settings, "triton"))
 
     def _default_budget(self) -> int:
         if self.device.type != "cuda":
@@ -195,45 +223,6 @@ class GpuBackend(Backend):
             self._threads.bound = True
         return torch._C._cuda_getDevice() == self.device.index
 
-    def _load(self, norms: np.ndarray) -> None:
-        plan, shards, dev = self.plan, self.index.shards, self.device
-        self._pbase = np.zeros(len(shards), np.int64)
-        self._ebase = np.zeros(len(shards), np.int64)
-        p_off = e_off = 0
-        for i in plan.resident:
-            self._pbase[i], self._ebase[i] = p_off, e_off
-            p_off += shards[i].postings.size
-            e_off += shards[i].blk_id.size + 1
-        self._stage_p, self._stage_e = p_off, e_off  # staging lives after the resident shards
-        self._post = torch.empty(p_off + plan.staging_postings, dtype=torch.int32, device=dev)
-        self._bid = torch.empty(e_off + plan.staging_entries, dtype=torch.int32, device=dev)
-        self._bst = torch.empty(e_off + plan.staging_entries, dtype=torch.int32, device=dev)
-        bounce = self.settings.bounce_elems
-        self._bounce = torch.empty(bounce, dtype=torch.int32, pin_memory=True) if self._cuda else None
-        for i in plan.resident:
-            sh, p0, e0 = shards[i], int(self._pbase[i]), int(self._ebase[i])
-            self._upload(self._post, p0, sh.postings)
-            self._upload(self._bid, e0, sh.blk_id)
-            self._upload(self._bst, e0, sh.blk_start)
-        if plan.streamed and self._cuda:
-            self._stage_host = [torch.empty(n, dtype=torch.int32, pin_memory=True)
-                                for n in (plan.staging_postings, plan.staging_entries, plan.staging_entries)]
-        self._norms = torch.from_numpy(np.array(norms, dtype=np.uint8)).to(dev)
-        if self._cuda:
-            torch.cuda.synchronize(dev)
-
-    def _upload(self, dst: torch.Tensor, offset: int, src: np.ndarray) -> None:
-        """Copy a (memory-mapped) u32 layout array into ``dst[offset:]``."""
-        src = np.asarray(src).view(np.int32)
-        if not self._cuda:
-            dst[offset:offset + src.size].numpy()[:] = src
-            return
-        bounce, step = self._bounce.numpy(), self._bounce.numel()
-        for o in range(0, src.size, step):
-            m = min(step, src.size - o)
-            bounce[:m] = src[o:o + m]
-            dst[offset + o:offset + o + m].copy_(self._bounce[:m])  # synchronous: the buffer is reused next
-
     @classmethod
     def is_available(cls) -> tuple[bool, str]:
         if not torch.cuda.is_available():
@@ -242,9 +231,9 @@ class GpuBackend(Backend):
 
     def describe(self) -> dict:
         p = self.plan
-        path = ({"tile_docs": self._tiles.tile, "tile_scorer": self._tiles.scorer,
+        path = ({"tile_docs": self._tiles.tile,
                  "single_query_graph": self._graphs is not None} if self._tiles is not None else {"topk": self.topk})
-        return {"backend": self.name, "device": str(self.device), "kernel": self.kernel,
+        return {"backend": self.name, "device": str(self.device), "scorer": self.scorer,
                 "term_order": self.term_order, **path,
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
                 "resident_shards": len(p.resident), "streamed_shards": len(p.streamed),
@@ -314,7 +303,7 @@ class GpuBackend(Backend):
         _, cache, min_q = self._cache(k1, b, avgdl)
         shift = self._shift(query, min_q)
         self._tiles.begin(1)
-        self._graphs.launch(query, shift, self._post, self._norms, cache, k)
+        self._graphs.launch(query, shift, self._arena.post, self._arena.norms, cache, k)
         tops, _ = self._selector.finish(lambda: self._launch_chunk((1, query, None, shift), cache, k))
         if times is not None:  # a rescored query's second scoring counts as retrieval: rare, and in no graph
             relevancy = self._graphs.relevancy_seconds()
@@ -395,8 +384,9 @@ class GpuBackend(Backend):
     def device_arrays(self) -> dict:
         """The device arena (read-only use): postings, blk_id, blk_start, norms, each shard's base offsets into
         them (resident shards only) and the item planner, for baselines that want the data without a 2nd copy."""
-        return {"postings": self._post, "blk_id": self._bid, "blk_start": self._bst, "norms": self._norms,
-                "posting_base": self._pbase, "entry_base": self._ebase, "resident": self.plan.resident,
+        a = self._arena
+        return {"postings": a.post, "blk_id": a.bid, "blk_start": a.bst, "norms": a.norms,
+                "posting_base": a.pbase, "entry_base": a.ebase, "resident": self.plan.resident,
                 "planner": self._planner}
 
     def _sync(self) -> None:
@@ -422,29 +412,30 @@ class GpuBackend(Backend):
         if len(queries) == 1 and self._tiles.plans_on_device(queries[0]):  # planned by the scoring launch
             return 1, queries[0], None, self._shift(queries[0], min_q)
         if not self.plan.streamed:  # one compiled call from the queries to the plan
-            plan = plan_queries(self._planner, queries, self._pbase, self._n_blocks, self.term_order == "auto", min_q)
+            plan = plan_queries(self._planner, queries, self._arena.pbase, self._n_blocks, self.term_order == "auto",
+                                min_q)
             return len(queries), plan, None, np.zeros(0, np.int64)
         items = self._planner.items(queries)
         shifts = self._shifts(queries, min_q)
         streamed = np.isin(items.shard, self.plan.streamed)
         resident = items.take(~streamed)
-        return len(queries), plan_tiles(self._planner, resident, self._pbase[resident.shard],
+        return len(queries), plan_tiles(self._planner, resident, self._arena.pbase[resident.shard],
                                           self._n_blocks, shifts), items.take(streamed), shifts
 
     def _launch_chunk(self, chunk: tuple, cache: torch.Tensor, k: int) -> None:
         rows, plan, streamed, shifts = chunk
-        tiles = self._tiles
+        tiles, arena = self._tiles, self._arena
         tiles.begin(rows)
         if isinstance(plan, QueryTerms):
-            tiles.score_query(plan, shifts, self._post, self._norms, cache, k)
+            tiles.score_query(plan, shifts, arena.post, arena.norms, cache, k)
             return
-        tiles.score(plan, self._post, self._norms, cache, k)
+        tiles.score(plan, arena.post, arena.norms, cache, k)
         for s in self.plan.streamed:
             part = streamed.take(streamed.shard == s)
             if len(part):
-                pbase, _ = self._stage(s, part)
-                tiles.score(plan_tiles(self._planner, part, pbase, self._n_blocks, shifts), self._post,
-                            self._norms, cache, k)
+                pbase, _ = arena.stage(s, part, tiles.sample)
+                tiles.score(plan_tiles(self._planner, part, pbase, self._n_blocks, shifts), arena.post,
+                            arena.norms, cache, k)
 
     def _shift(self, query: QueryTerms, min_q: float) -> int:
         """The CUDA kernel's flat path for one query: its ``flat_shift`` (0: its terms one after the other; always with
@@ -468,11 +459,11 @@ class GpuBackend(Backend):
         streamed = np.isin(items.shard, self.plan.streamed)
         resident = items.take(~streamed)
         if len(resident):
-            launch(resident, self._pbase[resident.shard], self._ebase[resident.shard] + resident.e0)
+            launch(resident, self._arena.pbase[resident.shard], self._arena.ebase[resident.shard] + resident.e0)
         for s in self.plan.streamed:
             part = items.take(items.shard == s)
             if len(part):
-                pbase, e0 = self._stage(s, part)
+                pbase, e0 = self._arena.stage(s, part)
                 launch(part, pbase, e0)
 
     def _launch_all(self, items: Items, pbase: np.ndarray, e0: np.ndarray, exact: np.ndarray,
@@ -494,49 +485,11 @@ class GpuBackend(Backend):
             return
         it = items.take(sel)
         args = (it.a, it.n, e0[sel], it.ne, pbase[sel], it.row * self.num_docs, it.w)
-        tail = (self._post, self._bid, self._bst, self._norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
+        a = self._arena
+        tail = (a.post, a.bid, a.bst, a.norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
         score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), *tail)
-
-    def _stage(self, s: int, items: Items) -> tuple[np.ndarray, np.ndarray]:
-        """Copy the postings and entries the items need from host shard ``s`` into the staging area.
-
-        Returns each item's posting base and first-entry index in the arena. Each term is copied once.
-        """
-        sh = self.index.shards[s]
-        terms, first = np.unique(items.term, return_index=True)
-        a, n, e0, ne = items.a[first], items.n[first], items.e0[first], items.ne[first]
-        sp = np.cumsum(n) - n  # staging offsets of each term's postings
-        se = np.cumsum(ne + 1) - (ne + 1)  # and of its entries (with their end sentinel)
-        p_host, e_host = self._stage_buffers()
-        bid_host = e_host[1]
-        for t in range(terms.size):
-            p_host[sp[t]:sp[t] + n[t]] = np.asarray(sh.postings[a[t]:a[t] + n[t]]).view(np.int32)
-            e_host[0][se[t]:se[t] + ne[t] + 1] = np.asarray(sh.blk_start[e0[t]:e0[t] + ne[t] + 1]).view(np.int32)
-            bid_host[se[t]:se[t] + ne[t]] = np.asarray(sh.blk_id[e0[t]:e0[t] + ne[t]]).view(np.int32)
-        np_, ne_ = int(n.sum()), int((ne + 1).sum())
-        self._copy_stage(self._post, self._stage_p, 0, np_)
-        if self._tiles is not None:
-            self._tiles.sample(self._post, self._stage_p, np_)
-        self._copy_stage(self._bst, self._stage_e, 1, ne_)
-        self._copy_stage(self._bid, self._stage_e, 2, ne_)
-        pos = np.searchsorted(terms, items.term)
-        pbase = self._stage_p + sp[pos] - items.a
-        return pbase, self._stage_e + se[pos]
-
-    def _stage_buffers(self) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        if self._cuda:
-            self._sync()  # the previous shard's copies must have left the pinned buffers
-            h = self._stage_host
-            return h[0].numpy(), (h[1].numpy(), h[2].numpy())
-        # On the CPU the staging area itself is host memory: write into it directly.
-        return (self._post[self._stage_p:].numpy(),
-                (self._bst[self._stage_e:].numpy(), self._bid[self._stage_e:].numpy()))
-
-    def _copy_stage(self, dst: torch.Tensor, offset: int, which: int, count: int) -> None:
-        if self._cuda:
-            dst[offset:offset + count].copy_(self._stage_host[which][:count], non_blocking=True)
 
     def close(self) -> None:
         self._acc = self._tiles = self._selector = self._graphs = None
-        self._post = self._bid = self._bst = self._norms = None
+        self._arena.close()
         self._caches.clear()

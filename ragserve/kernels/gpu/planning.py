@@ -18,7 +18,7 @@ from numba import njit
 
 from indexer import bm25
 from indexer.bm25 import QueryTerms
-from ragserve.kernels.gpu.cuda_kernels import QMAX
+from ragserve.kernels.gpu.cuda.kernels import QMAX
 
 
 def tile_size(block_size: int, tile_max: int) -> int:

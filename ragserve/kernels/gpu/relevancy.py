@@ -10,7 +10,7 @@ norms they touch, and 4 bytes per matched doc plus the group maxima, instead of 
 and 24 per doc.
 
 On CUDA the kernels are ``cuda/relevancy.cu``'s (the tile in shared memory, 2.2x faster), where NVRTC can be loaded;
-``triton_kernels`` is the fallback and the version CI runs under Triton's interpreter. Where a launch has enough
+``triton/relevancy.py``'s is the fallback and the version CI runs under Triton's interpreter. Where a launch has enough
 units, the CUDA scorer first scores a sample of them (``sample_step``): the k-th largest of a row's sampled tile maxima
 is reached by k docs. Where few tiles can reach that threshold (``filters``), a 2-byte pass over every unit (two tiles
 a block in half the f64 tile's shared memory, so more blocks a multiprocessor) bounds each tile's maximum from above
@@ -30,19 +30,18 @@ Dense vectors (``inner_product``, torch, any device): inner products of queries 
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 
 from indexer.bm25 import QueryTerms
-from ragserve.kernels.gpu import cuda_kernels as CK
-from ragserve.kernels.gpu.cuda_kernels import TileKernels
+from ragserve.kernels.gpu.cuda import kernels as CK
+from ragserve.kernels.gpu.cuda.kernels import TileKernels
+from ragserve.kernels.gpu.cuda.rtc import StreamCopies, current_stream
 from ragserve.kernels.gpu.planning import QueryTables, TilePlan, tile_size
-from ragserve.kernels.gpu.rtc import RtcError, StreamCopies, current_stream
 from ragserve.kernels.gpu.settings import GpuSettings
-# The module, not its kernels: they exist only where Triton imports (torch's CPU wheel ships without it).
-from ragserve.kernels.gpu import triton_kernels as TK
+# The Triton kernels themselves are imported where they launch: only where Triton imports (torch's CPU wheel ships
+# without it).
+from ragserve.kernels.gpu.triton import programs
 
 GROUP = 32  # docs a group maximum: the CUDA kernels' warp-wide read-out is built on it (a group never straddles tiles)
 M32 = 0xFFFFFFFF
@@ -66,19 +65,14 @@ def filters(n_units: int, rows: int, k: int, step: int, settings: GpuSettings) -
     return settings.filter_ratio * k <= n_units // rows // step
 
 
-def cuda_parts(tile: int, tpb: int, device: torch.device,
-               settings: GpuSettings) -> tuple[TileKernels | None, StreamCopies | None]:
-    """What the tiled path drives CUDA with on ``device``: the CUDA C kernels (None where Triton's score: off CUDA,
-    ``settings.scorer == "triton"``, tiles under a group, or NVRTC missing) and the driver's copies, events and graphs
-    (None off CUDA)."""
+def cuda_parts(tile: int, tpb: int, device: torch.device, settings: GpuSettings,
+               scorer: str) -> tuple[TileKernels | None, StreamCopies | None]:
+    """What the tiled path drives CUDA with on ``device``: the CUDA C kernels for ``scorer="cuda"``, compiled now
+    (``RtcError`` where NVRTC cannot; None for Triton's scorer, and where they cannot run: off CUDA, tiles under a
+    group), and the driver's copies, events and graphs (None off CUDA)."""
     if device.type != "cuda":
         return None, None
-    kernels = None
-    if settings.scorer == "cuda" and tile >= GROUP:
-        try:
-            kernels = TileKernels.build(tile, tpb, device, settings)
-        except RtcError as e:
-            warnings.warn(f"the CUDA C tile kernels are unavailable, using the Triton ones (2.2x slower): {e}")
+    kernels = TileKernels.build(tile, tpb, device, settings) if scorer == "cuda" and tile >= GROUP else None
     return kernels, StreamCopies()
 
 
@@ -121,7 +115,7 @@ class TileScorer:
         self._samp: torch.Tensor | None = None  # the CUDA kernels' samples of the arena's postings (``sample``)
         self.query_tables: QueryTables | None = None  # set where single queries are planned on the device
         self.scorer = "cuda" if kernels is not None else "triton"
-        self.programs = TK.programs(device, settings.programs_per_sm)
+        self.programs = programs(device, settings.programs_per_sm)
         # The Triton kernel's per-program scratch; the CUDA one keeps its tile in shared memory.
         self.scratch = (torch.zeros(self.programs * self.tile, dtype=torch.float64, device=device)
                         if kernels is None else None)
@@ -147,9 +141,8 @@ class TileScorer:
 
     @staticmethod
     def work_bytes(device: torch.device, tile: int, settings: GpuSettings) -> int:
-        """Device bytes of the Triton kernel's per-program scratch (planned before the scorer is known; the CUDA
-        one needs none)."""
-        return TK.programs(device, settings.programs_per_sm) * tile * 8
+        """Device bytes of the Triton kernel's per-program scratch (the CUDA one needs none)."""
+        return programs(device, settings.programs_per_sm) * tile * 8
 
     @staticmethod
     def row_bytes(num_docs: int, block_size: int, tile: int) -> int:
@@ -227,12 +220,15 @@ class TileScorer:
         ent, pairs, n_units = dev[:3 * n_ent], dev[plan.pairs_at:], n_pairs * self.tpb
         # Searches of up to 2^steps postings; rounded up to 8 (extra steps change nothing): few compiled variants.
         steps = -(-(plan.max_count.bit_length() + 1) // 8) * 8
-        TK._bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, TILE=self.tile, TPB=self.tpb, STEPS=steps)
+        from ragserve.kernels.gpu.triton.planning import _bounds_kernel
+        from ragserve.kernels.gpu.triton.relevancy import _tile_kernel
+
+        _bounds_kernel[(n_ent,)](ent, n_ent, post, bounds, self.tf_bits, TILE=self.tile, TPB=self.tpb, STEPS=steps)
         if self.copies is not None:
             self.copies.record(self._table_sent, self.stream)
         s = self.settings
         # enable_fp_fusion=False: tf * c + 1 must round twice (no FMA), as FORMAT.md's f32 arithmetic does.
-        TK._tile_kernel[(min(n_units, self.programs),)](
+        _tile_kernel[(min(n_units, self.programs),)](
             ent, n_ent, pairs, n_pairs, n_units, post, norms, cache, bounds, self.scratch, self.maxima,
             self.tile_maxima, self.scores, self.num_docs, self.n_groups, self.n_tiles, self.tf_bits,
             (1 << self.tf_bits) - 1, self.block_size, self._k_tile(k),

@@ -31,11 +31,9 @@ import torch
 from numba import njit
 
 from ragserve.kernels.contract import TopK
-from ragserve.kernels.gpu import cuda_kernels as CK
+from ragserve.kernels.gpu.cuda import kernels as CK
 from ragserve.kernels.gpu.relevancy import TileScorer
 from ragserve.kernels.gpu.settings import GpuSettings
-# The module, not its kernels: they exist only where Triton imports (torch's CPU wheel ships without it).
-from ragserve.kernels.gpu import triton_kernels as TK
 
 TINY = float(np.finfo(np.float32).smallest_subnormal)  # the smallest positive f32 score
 GROUP = 32
@@ -146,8 +144,10 @@ class TileSelector:
             if sc.n_tiles > k:
                 thr = torch.topk(sc.tile_maxima[:rows], k, dim=1, sorted=False).values.amin(dim=1)
             found[:1].zero_()
-            grid = (TK.triton.cdiv(sc.n_groups, CK.COLLECT_GROUPS), rows)
-            TK._collect_kernel[grid](sc.scores, sc.maxima, sc.tile_maxima, thr, TINY, sc.num_docs, sc.n_groups,
+            from ragserve.kernels.gpu.triton.selection import _collect_kernel
+
+            grid = (-(-sc.n_groups // CK.COLLECT_GROUPS), rows)
+            _collect_kernel[grid](sc.scores, sc.maxima, sc.tile_maxima, thr, TINY, sc.num_docs, sc.n_groups,
                                   sc.n_tiles, found, capacity, NGB=CK.COLLECT_GROUPS, SUB=self.settings.collect_sub,
                                   GROUP_=sc.group, TILE=sc.tile)
         sc.cleared()
@@ -287,17 +287,18 @@ def _of_keys(keys: np.ndarray) -> TopK:
 
 
 def topk_rows_radix(scores: torch.Tensor, k: int, sort: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk_rows`` by the Triton radix select of ``select_triton`` (the same entries; on a GPU, one pass per
-    11 bits of the scores, no host round trip). ``sort=False`` returns the same set unranked."""
-    from ragserve.kernels.gpu.select_triton import radix_topk
+    """``topk_rows`` by the Triton radix select of ``triton/selection.py`` (the same entries; on a GPU, one pass
+    per 11 bits of the scores, no host round trip). ``sort=False`` returns the same set unranked."""
+    from ragserve.kernels.gpu.triton.selection import radix_topk
 
     return radix_topk(scores, k, sort)
 
 
 def topk_rows_bucket(scores: torch.Tensor, k: int, sort: bool = True,
                      offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk_rows`` by the Triton bucket select of ``select_triton`` (the same entries; four launches whatever the
-    row length), indices counted from ``offset``. ``sort=False`` returns the same set in position order."""
-    from ragserve.kernels.gpu.select_triton import BUCKET, bucket_topk
+    """``topk_rows`` by the Triton bucket select of ``triton/selection.py`` (the same entries; four launches
+    whatever the row length), indices counted from ``offset``. ``sort=False`` returns the same set in position
+    order."""
+    from ragserve.kernels.gpu.triton.selection import BUCKET, bucket_topk
 
     return bucket_topk(scores, k, sort, BUCKET, offset)

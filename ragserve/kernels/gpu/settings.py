@@ -4,7 +4,7 @@ Tests and benchmarks vary them with ``dataclasses.replace(GpuSettings(), ...)``;
 caller may change. The figures in the comments are the measurements that chose each default (H200, 21M passages
 unless said otherwise; ``benchmarks/RESULTS.md``).
 
-What stays a module constant, in ``cuda_kernels`` and ``relevancy``, is the kernels' compile-time layout that host
+What stays a module constant, in ``cuda/kernels.py`` and ``relevancy``, is the kernels' compile-time layout that host
 buffers and launch grids share with them (threads a block, terms whose ranges sit in shared memory, the Query struct,
 the running threshold's histogram, 32-doc groups): the CUDA sources' ``static_assert``s and the host's buffer sizes
 depend on those together, so they are not knobs.
@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-SCORERS = ("cuda", "triton")
-
 
 @dataclass(frozen=True)
 class GpuSettings:
     # -- relevancy: the tile scorer -------------------------------------------------------------------------------
-    scorer: str = "cuda"  # tile scoring kernel on CUDA devices: "cuda" (cuda/*.cu, if NVRTC loads) or "triton"
     tile_max: int = 2048  # docs a tile at most (a power of two): 16 KiB of f64 cells in shared memory or scratch
     # The CUDA scorer's sample: every S-th unit, S = sample_scale * sqrt(units a row / k); 0: none. 64 queries, with the
     # threshold skipping the read-out only: 1 and 2 alike at k = 10 (scoring -25% MS MARCO, -18% NQ); 2 also samples
@@ -58,8 +55,6 @@ class GpuSettings:
     budget_fraction: float = 0.9  # of the free device memory, when no memory_bytes is given
 
     def __post_init__(self) -> None:
-        if self.scorer not in SCORERS:
-            raise ValueError(f"scorer must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
         if self.tile_max < 1 or self.tile_max & (self.tile_max - 1):
             raise ValueError(f"tile_max must be a power of two, got {self.tile_max}")
         if not 0.0 < self.budget_fraction <= 1.0:

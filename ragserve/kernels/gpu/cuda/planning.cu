@@ -2,10 +2,10 @@
 // SAMPLE postings; the samples are made once the postings are on the device), and a single query's whole plan with
 // them (plan_single: no host planning on its latency path). gpu/planning.py plans on the host what these do not.
 //
-// Compiled with relevancy.cu and selection.cu as one program (gpu/rtc.py, gpu/cuda_kernels.py); -D defines used here:
+// Compiled with relevancy.cu and selection.cu as one program (cuda/rtc.py, cuda/kernels.py); -D defines used here:
 // TILE, TPB, SAMPLE, SAMPLE_BYTES (1 or 2: bytes a sample) and QMAX (terms of a query planned on the device).
 #if !defined(TILE) || !defined(TPB) || !defined(SAMPLE) || !defined(SAMPLE_BYTES) || !defined(QMAX)
-#error "compile with the loader's -D defines (ragserve/kernels/gpu/cuda_kernels.py: defines())"
+#error "compile with the loader's -D defines (ragserve/kernels/gpu/cuda/kernels.py: defines())"
 #endif
 
 #if SAMPLE_BYTES == 1

@@ -2,12 +2,12 @@
 // the tile's f64 accumulator in shared memory, with the summation order and the scores of indexer/FORMAT.md, and keeps
 // only the group maxima and the scores that can reach the top-k (gpu/relevancy.py drives it).
 //
-// Compiled by NVRTC at first use (gpu/rtc.py), with relevancy.cu, planning.cu and selection.cu as one program, options
-// --fmad=false and the -D defines of gpu/cuda_kernels.py's defines(): TILE (docs a tile), TPB (tiles a doc block),
+// Compiled by NVRTC at first use (cuda/rtc.py), with relevancy.cu, planning.cu and selection.cu as one program, options
+// --fmad=false and the -D defines of cuda/kernels.py's defines(): TILE (docs a tile), TPB (tiles a doc block),
 // THREADS, MAX_TERMS, UNROLL, MIN_BLOCKS, FILTER_BLOCKS, FSPAN and the running threshold's RUN_BINS, RUN_SHIFT,
 // RUN_BASE, RUN_SCAN, RUN_WORDS.
 //
-// Triton has no shared memory that threads index freely, so its kernel (gpu/triton_kernels.py) keeps the tile in a
+// Triton has no shared memory that threads index freely, so its kernel (triton/relevancy.py) keeps the tile in a
 // per-program scratch in global memory (L1/L2): every posting's read-modify-write, the read-out and the zeroing go
 // through the cache hierarchy. Here the terms' ranges go to shared memory with one round trip, each term's postings are
 // added by all threads at once (its docs are distinct, so no two threads touch one cell), a block barrier separates
@@ -35,7 +35,7 @@
 // compare-and-swap loop; a margin for the rest; two tiles a block, 16 blocks a multiprocessor instead of 12), and
 // bm25_listed scores the listed ones exactly.
 #if !defined(TILE) || !defined(TPB) || !defined(THREADS) || !defined(RUN_WORDS)
-#error "compile with the loader's -D defines (ragserve/kernels/gpu/cuda_kernels.py: defines())"
+#error "compile with the loader's -D defines (ragserve/kernels/gpu/cuda/kernels.py: defines())"
 #endif
 #define NG (TILE / 32)
 #define CPT (TILE / THREADS)  // read-out: consecutive cells per thread

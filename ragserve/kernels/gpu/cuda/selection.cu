@@ -3,10 +3,10 @@
 // collect kernel and torch.topk (gpu/selection.py), in the scorer's module: a launch from Python through ctypes costs
 // a few microseconds, a Triton one tens.
 //
-// Compiled with relevancy.cu and planning.cu as one program (gpu/rtc.py, gpu/cuda_kernels.py); -D defines used here:
+// Compiled with relevancy.cu and planning.cu as one program (cuda/rtc.py, cuda/kernels.py); -D defines used here:
 // TILE, KTH_THREADS, KTH_REG, COLLECT_GROUPS, COLLECT_THREADS, SORT_MAX, RANK_THREADS, RANK_SPLIT, RUN_WORDS.
 #if !defined(TILE) || !defined(KTH_THREADS) || !defined(SORT_MAX) || !defined(RUN_WORDS)
-#error "compile with the loader's -D defines (ragserve/kernels/gpu/cuda_kernels.py: defines())"
+#error "compile with the loader's -D defines (ragserve/kernels/gpu/cuda/kernels.py: defines())"
 #endif
 #define FULL 0xffffffffu
 

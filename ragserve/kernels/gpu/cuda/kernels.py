@@ -1,4 +1,4 @@
-"""The CUDA C kernels of ``cuda/*.cu``: their compile-time layout, the defines and options NVRTC compiles them with, and
+"""The CUDA C kernels of ``*.cu``: their compile-time layout, the defines and options NVRTC compiles them with, and
 their launch signatures.
 
 ``relevancy.cu`` (the tile scorer, the filter, the listed units' scorer), ``planning.cu`` (samples, tile ranges, a
@@ -15,7 +15,7 @@ from importlib import resources
 
 import torch
 
-from ragserve.kernels.gpu.rtc import CudaModule
+from ragserve.kernels.gpu.cuda.rtc import CudaModule
 from ragserve.kernels.gpu.settings import GpuSettings
 
 SOURCES = ("relevancy.cu", "planning.cu", "selection.cu")  # one program, in this order
@@ -96,7 +96,7 @@ def options(tile: int, tpb: int, settings: GpuSettings) -> list[str]:
 
 def read_source(name: str) -> str:
     """The text of ``cuda/<name>``, installed as package data."""
-    return (resources.files("ragserve.kernels.gpu") / "cuda" / name).read_text(encoding="utf-8")
+    return (resources.files("ragserve.kernels.gpu.cuda") / name).read_text(encoding="utf-8")
 
 
 def source() -> str:

@@ -3,7 +3,7 @@ copies through pinned memory, events and captured graphs straight through the dr
 
 No CUDA toolkit is needed: torch's CUDA wheels bring libnvrtc (the ``nvidia-cuda-nvrtc`` wheel) and the driver brings
 libcuda. Used where a kernel needs what Triton does not expose (shared memory indexed per thread, block barriers), see
-``cuda/*.cu`` and ``cuda_kernels``, and where a torch op's tens of microseconds of Python would dominate a single
+``*.cu`` and ``kernels``, and where a torch op's tens of microseconds of Python would dominate a single
 query's latency. ``compile_cubin`` needs no GPU: CI compiles every kernel for sm_90 with it.
 """
 from __future__ import annotations

@@ -1,6 +1,10 @@
-"""Exact top-k of long f32 rows (Triton): the selection stage of sparse attention on the GPU. Two selects, the same
-entries (ties: the earlier position, as ``topk_rows``): ``bucket_topk`` (four launches: a histogram of the top 12
-bits, then the boundary bucket; the default, see its section below) and ``radix_topk`` (nine).
+"""Selection in Triton: the BM25 tile pipeline's collect of candidates (``_collect_kernel``, the fallback of
+``cuda/selection.cu``'s ``collect``), and the exact top-k of long f32 rows, the selection stage of sparse attention
+on the GPU.
+
+Exact top-k of long rows: two selects, the same entries (ties: the earlier position, as ``topk_rows``):
+``bucket_topk`` (four launches: a histogram of the top 12 bits, then the boundary bucket; the default, see its
+section below) and ``radix_topk`` (nine).
 
 ``radix_topk``: scores become order-preserving u32 keys (negatives bit-inverted, positives with the sign bit set; -0.0 counts as
 +0.0). Three histogram passes over 11, 11 and 10 bits find the k-th largest key T of each row and how many of the
@@ -21,6 +25,41 @@ import triton.language as tl
 DIGITS = (11, 11, 10)  # bits resolved per histogram pass, high to low
 BINS = 2048  # 2^11
 BLOCK = 4096  # scores per program
+
+
+@triton.jit(do_not_specialize=["num_docs", "n_groups", "n_tiles", "cap"])
+def _collect_kernel(scores, maxima, tile_maxima, thr, tiny, num_docs, n_groups, n_tiles, found, cap,
+                    NGB: tl.constexpr, SUB: tl.constexpr, GROUP_: tl.constexpr, TILE: tl.constexpr):
+    # Append (row * num_docs + doc, score bits) pairs of the docs scoring >= the row's threshold (at least the
+    # smallest positive score) to found[2:], counting them in found[0]; only the groups whose maximum reaches
+    # it are read, and few do, so NGB groups are checked at once and SUB at a time read. Then clears what it
+    # read, the group maxima and their tiles' maxima, so they are zero for the next batch.
+    row = tl.program_id(1).to(tl.int64)
+    g0 = tl.program_id(0).to(tl.int64) * NGB
+    t = tl.maximum(tl.load(thr + row), tiny)
+    g = g0 + tl.arange(0, NGB)
+    gm = tl.load(maxima + row * n_groups + g, mask=g < n_groups, other=0.0)
+    if tl.max((gm >= t).to(tl.int32), axis=0) > 0:
+        for s0 in range(0, NGB, SUB):
+            gs = g0 + s0 + tl.arange(0, SUB)
+            sm = tl.load(maxima + row * n_groups + gs, mask=gs < n_groups, other=0.0)
+            sel = sm >= t
+            if tl.max(sel.to(tl.int32), axis=0) > 0:
+                doc = gs[:, None] * GROUP_ + tl.arange(0, GROUP_)[None, :]
+                m = sel[:, None] & (doc < num_docs)
+                s = tl.load(scores + row * num_docs + doc, mask=m, other=0.0)
+                ok = tl.reshape(m & (s >= t), [SUB * GROUP_])
+                ok_i = ok.to(tl.int64)
+                first = tl.atomic_add(found, tl.sum(ok_i, axis=0))
+                pos = first + tl.cumsum(ok_i, axis=0) - 1
+                keep = ok & (pos < cap)
+                tl.store(found + 2 + 2 * pos, tl.reshape(row * num_docs + doc, [SUB * GROUP_]), mask=keep)
+                bits = tl.reshape(s, [SUB * GROUP_]).to(tl.int32, bitcast=True).to(tl.int64)
+                tl.store(found + 3 + 2 * pos, bits, mask=keep)
+    tl.store(maxima + row * n_groups + g, tl.zeros([NGB], dtype=tl.float32), mask=(g < n_groups) & (gm != 0.0))
+    tt = g0 * GROUP_ // TILE + tl.arange(0, NGB * GROUP_ // TILE)
+    tl.store(tile_maxima + row * n_tiles + tt, tl.zeros([NGB * GROUP_ // TILE], dtype=tl.float32),
+             mask=tt < n_tiles)
 
 
 @triton.jit

@@ -30,7 +30,7 @@ class TritonAttentionSettings:
     chunk: int = 256  # most selected tokens per decode program (split-K)
     programs: int = 264  # decode programs to aim for (2 per H200 SM): a batch of 1 splits its 2,048 tokens finer
     num_warps: int = 4
-    select: str = "bucket"  # the top-k: "bucket" (select_triton.bucket_topk) or "radix" (radix_topk)
+    select: str = "bucket"  # the top-k: "bucket" (selection.bucket_topk) or "radix" (radix_topk)
 
 
 DEFAULT = TritonAttentionSettings()
