@@ -20,7 +20,7 @@ import pytest
 from indexer.readers import iter_documents
 from indexer.readers.model import Document
 from indexer.reader import IndexReader, InvalidIndexError
-from indexer.segments import LiveIndex, LiveIndexLocked, MergePolicy, is_live
+from indexer.segments import LiveIndex, LiveIndexError, LiveIndexLocked, MergePolicy, is_live
 from indexer.writer import BuildOptions, build_index_from_documents
 from ragserve.retrieval.live import LiveSearcher
 from ragserve.retrieval.searcher import Searcher
@@ -159,10 +159,19 @@ def test_random_writes_equal_a_fresh_build(tmp_path, written, backend, options):
     if backend != "cpu":
         assert _fresh_ranking(fresh, queries[:100], backend, options) == want[:100]
     live = _open_copy(written, tmp_path / "live")
+    if backend == "cpu":  # the small segments at the end are searched as one folded index (SegmentSet(fold=))
+        snap = live.snapshot()
+        ls = LiveSearcher(live, backend=backend, **options)
+        n = sum(1 for s in snap.segments if s.n_live)
+        assert n > 2 and ls._segment_set(snap, snap.k1, snap.b)[0].rows < n
+        ls.close()
     _compare(live, want, queries, backend, options)
-    if backend == "cpu":  # short queries at k=10: small segments are skipped by their bound, exactly
+    if backend == "cpu":  # short queries at k=10, where pruning across segments skips the most, exactly
         short = [" ".join(q.split()[:3]) for q in queries[:300]]
-        assert _compare(live, _fresh_ranking(fresh, short, k=10), short, backend, options, k=10) > 0
+        want_short = _fresh_ranking(fresh, short, k=10)
+        _compare(live, want_short, short, backend, options, k=10)
+        # A call per segment (the gpu and fpga way): small segments are skipped by their bound, exactly.
+        assert _compare(live, want_short, short, backend, {**options, "per_segment": True}, k=10) > 0
     live.force_merge()
     assert len(live.snapshot().segments) == 1 and not live.snapshot().segments[0].deleted.size
     _compare(live, want, queries, backend, options)
@@ -293,3 +302,21 @@ def test_cli_add_delete_merge(tmp_path, arguana_index):
     live.close()
     p = _ragserve("add", str(new), "--index", str(tmp_path / "none"))
     assert p.returncode == 2 and "--create" in p.stderr
+
+
+def test_writes_to_an_index_with_a_dense_part_are_refused(tmp_path, wiki300_dense):
+    """Segments are BM25 only: writes would leave the dense part's embeddings stale (added documents not embedded,
+    deleted ones still found), so they are refused with the reason, and the index stays a plain one whose dense
+    retrieval still answers."""
+    idx = _copy(wiki300_dense, tmp_path / "idx")
+    new = tmp_path / "new.jsonl"
+    new.write_text(json.dumps({"_id": "x0", "title": "zebra", "text": "zebra crossing"}) + "\n")
+    p = _ragserve("add", str(new), "--index", str(idx))
+    assert p.returncode == 2 and "dense part" in p.stderr and "added documents are not embedded" in p.stderr
+    p = _ragserve("delete", "--index", str(idx), "x0")
+    assert p.returncode == 2 and "dense part" in p.stderr
+    assert not is_live(idx) and IndexReader(idx).num_docs == 300
+    with pytest.raises(LiveIndexError, match="dense part"):
+        LiveIndex(idx)
+    p = _ragserve("search", "zebra", "--index", str(idx), "--retriever", "dense", "-k", "3", "--json")
+    assert p.returncode == 0 and len(json.loads(p.stdout)) == 3, p.stderr

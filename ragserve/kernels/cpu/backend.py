@@ -52,6 +52,9 @@ class CpuTuning:
     seed_exact: int = 1024
     # Copy the layout's search arrays into memory on huge pages at open (else read them through the file maps).
     resident: bool = True
+    # Back those copies with 2 MiB pages. Off for a small index (a live index's delta segment): a huge page an
+    # array would cost more memory than the whole index, for no fewer TLB misses.
+    huge_pages: bool = True
     # In that copy, put each doc's length byte into its postings (``relevancy.fuse_norms``), where the bits allow:
     # scoring then reads no norms at random (the file's postings are left as they are).
     fuse_norms: bool = True
@@ -62,20 +65,23 @@ _SHARD_ARRAYS = ("postings", "term_ptr", "blk_id", "blk_start", "blk_maxq", "blk
 HUGE_PAGE = 2 << 20
 
 
-def resident_copy(a: np.ndarray) -> np.ndarray:
+def resident_copy(a: np.ndarray, huge: bool = True) -> np.ndarray:
     """A copy of ``a`` in anonymous memory that the kernel is asked to back with 2 MiB pages (Linux transparent
     huge pages): a query touches postings, norms and bounds all over the index, and with 4 KiB pages of a file
     map most of those touches also miss the TLB (costly under virtualisation: measured 20% of a query that
-    follows other work, 1M passages). Falls back to an ordinary copy where huge pages cannot be asked for."""
+    follows other work, 1M passages). Falls back to an ordinary copy where huge pages cannot be asked for (or
+    without ``huge``)."""
     a = np.asarray(a)
-    out = resident_empty(a.size, a.dtype)
+    out = resident_empty(a.size, a.dtype, huge)
     out[:] = a
     return out
 
 
-def resident_empty(n: int, dtype: np.dtype) -> np.ndarray:
+def resident_empty(n: int, dtype: np.dtype, huge: bool = True) -> np.ndarray:
     """An uninitialised 1-D array of ``n`` items on 2 MiB pages where the kernel grants them (``resident_copy``)."""
     dtype = np.dtype(dtype)
+    if not huge:
+        return np.empty(n, dtype=dtype)
     size = -(-max(n * dtype.itemsize, 1) // HUGE_PAGE) * HUGE_PAGE
     try:
         m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -145,7 +151,7 @@ class CpuBackend(Backend):
     def _load(self, a: np.ndarray) -> np.ndarray:
         """A layout array as the kernels read it: copied into memory backed by huge pages when ``resident``, else
         the memory map itself (numba kernels take plain arrays)."""
-        return resident_copy(a) if self.tuning.resident else np.asarray(a)
+        return resident_copy(a, self.tuning.huge_pages) if self.tuning.resident else np.asarray(a)
 
     def _arrays(self, s) -> dict:
         a = {n: self._load(getattr(s, n)) for n in
@@ -160,7 +166,7 @@ class CpuBackend(Backend):
                 a["postings"], a["blk_id"], a["blk_start"], self._norms, cache, self.index.tf_bits,
                 self.index.block_size, L.DEFAULT_FINE_BLOCK)
         if self._fused:
-            fused = resident_empty(a["postings"].size, np.uint32)
+            fused = resident_empty(a["postings"].size, np.uint32, self.tuning.huge_pages)
             R.fuse_norms(a["postings"], a["blk_id"], a["blk_start"], self._norms, self.index.tf_bits,
                          self.index.block_size, fused)
             a["postings"] = fused
