@@ -320,3 +320,17 @@ def test_writes_to_an_index_with_a_dense_part_are_refused(tmp_path, wiki300_dens
         LiveIndex(idx)
     p = _ragserve("search", "zebra", "--index", str(idx), "--retriever", "dense", "-k", "3", "--json")
     assert p.returncode == 0 and len(json.loads(p.stdout)) == 3, p.stderr
+
+
+def test_searcher_closes_the_live_index_it_opened(tmp_path, arguana_index):
+    """A ``LiveSearcher`` given a path opens the index (for writing, taking its lock, when no other process writes
+    it) and closes it with itself: the lock is free again."""
+    idx = _copy(arguana_index, tmp_path / "idx")
+    LiveIndex(idx).close()  # a live index now
+    ls = LiveSearcher(idx, backend="cpu", threads=1)
+    assert ls.live.writable
+    with pytest.raises(LiveIndexLocked):
+        LiveIndex(idx)
+    assert ls.search("vegetarian", k=3, with_text=False)
+    ls.close()
+    LiveIndex(idx).close()
