@@ -529,7 +529,9 @@ class LiveIndex:
         return self._snapshot
 
     def on_refresh(self, fn: Callable[[Snapshot], None]) -> None:
-        """Call ``fn(snapshot)`` after each new snapshot is published (e.g. to open its segments' backends)."""
+        """Call ``fn(snapshot)`` for each new snapshot, just before it is published (``snapshot()`` still returns
+        the one before): a searcher readies itself for it (opens its segments' backends) before any search sees
+        it, so none pays for that."""
         self._listeners.append(fn)
 
     def reload(self) -> bool:
@@ -540,8 +542,10 @@ class LiveIndex:
         if commit.generation == self.commit.generation:
             return False
         self._readers = {s.name: s.reader for s in self._snapshot.segments}
+        old = self._snapshot
         self._open()
-        self._publish(self._snapshot)
+        new, self._snapshot = self._snapshot, old
+        self._publish(new)
         return True
 
     # -- writing ------------------------------------------------------------------------------
@@ -682,9 +686,9 @@ class LiveIndex:
         self._gc()
 
     def _publish(self, snap: Snapshot) -> None:
-        self._snapshot = snap
         for fn in self._listeners:
             fn(snap)
+        self._snapshot = snap
 
     # -- merging ------------------------------------------------------------------------------
     def merge_candidates(self) -> tuple[int, int] | None:

@@ -33,7 +33,6 @@ from ragserve.kernels.registry import get_backend_class, resolve_backend_name
 from ragserve.retrieval.contract import MAX_K, Hit, Retriever, bm25_params
 
 
-
 class LiveView:
     """What callers read from ``Searcher.index``, for the current snapshot (passages, counts, the path)."""
 
@@ -133,14 +132,15 @@ class LiveSearcher(Retriever):
 
     # -- backends per segment -------------------------------------------------------------------
     def _sync(self, snap: Snapshot) -> None:
-        """Open the backends of the snapshot's new segments (so the first search after a refresh does not), and
-        close those of segments gone from it that no search is using."""
+        """Open the backends of the snapshot's new segments and, on cpu, its segment set (called before the index
+        publishes it: no search pays for that), and close those of segments gone from it that no search is using
+        (nor the snapshot still current)."""
         for s in snap.segments:
             self._backend(s)
-        snap.small_terms  # noqa: B018 (built here, at the refresh, rather than by the first search)
         names = {s.name for s in snap.segments}
         with self._lock:
-            busy = {s.name for sn, _ in self._inflight.values() for s in sn.segments}
+            busy = {s.name for sn in [self.live.snapshot(), *(u[0] for u in self._inflight.values())]
+                    for s in sn.segments}
             gone = [n for n in self._backends if n not in names and n not in busy]
             closing = [self._backends.pop(n)[0] for n in gone]
             for n in gone:
@@ -150,6 +150,8 @@ class LiveSearcher(Retriever):
                 self._sets.clear()
         for be in closing:
             be.close()
+        if self._one_call:  # built here, at the refresh, rather than by the first search after it
+            self._segment_set(snap, snap.k1, snap.b)
 
     def _backend(self, seg) -> tuple[Backend, threading.Lock | None]:
         got = self._backends.get(seg.name)
