@@ -195,7 +195,10 @@ class LiveQuery:
 class Snapshot:
     """The live index at one commit: segments in order, global statistics. Immutable."""
 
-    def __init__(self, generation: int, segments: tuple[SegmentState, ...], settings: dict) -> None:
+    def __init__(self, generation: int, segments: tuple[SegmentState, ...], settings: dict,
+                 before: "Snapshot | None" = None) -> None:
+        """``before``: the snapshot this one follows, whose ``small_terms`` (if built) this one extends rather than
+        builds again (not kept: snapshots do not chain)."""
         self.generation = generation
         self.segments = segments
         self.settings = settings
@@ -210,24 +213,48 @@ class Snapshot:
         # The large segments' term lookups and live dfs, one by one; the small ones' together (``small_terms``).
         self._large = [(si, s.reader.term_ids.get, s.df) for si, s in enumerate(segments)
                        if s.reader.num_docs >= SMALL_SEGMENT]
+        self._small_before = before.__dict__.get("small_terms_by_name") if before is not None else None
 
-    @cached_property
+    @property
     def small_terms(self) -> tuple[np.ndarray, dict[str, int], np.ndarray, np.ndarray]:
         """The small segments' vocabularies as one: (their indexes, term -> row, [rows + 1, small segments] term
         ids (-1: absent; the last row is all -1, for terms none holds), [rows + 1] summed live df). A query's
         terms are then looked up once, not once a segment: with 10 delta segments that lookup was a tenth of a
-        1M-passage search. Built once a snapshot (``LiveSearcher`` asks at the refresh, not at a search)."""
+        1M-passage search. Built once a snapshot (``LiveSearcher`` asks before the snapshot is published)."""
+        return self.small_terms_by_name[1:]
+
+    @cached_property
+    def small_terms_by_name(self) -> tuple[tuple[str, ...], np.ndarray, dict[str, int], np.ndarray, np.ndarray]:
+        """``small_terms`` with the small segments' names first. Where the snapshot before had it and its small
+        segments lead this one's (a refresh adds a delta at the end), its vocabulary is extended by the new
+        segments' terms alone: the dict and the id table copied, not rebuilt (measured at 1M with 10-15 deltas:
+        65-230 ms a refresh to build, under the index's write lock)."""
         small = [si for si, s in enumerate(self.segments) if s.reader.num_docs < SMALL_SEGMENT]
-        vocab = [self.segments[si].reader.term_ids for si in small]
-        row = {t: r for r, t in enumerate(dict.fromkeys(t for v in vocab for t in v))}
+        names = tuple(self.segments[si].name for si in small)
+        got, self._small_before = self._small_before, None
+        old = 0
+        if got is not None and names[:len(got[0])] == got[0]:
+            old = len(got[0])
+            row = dict(got[2])
+        else:
+            row = {}
+        vocab = [self.segments[si].reader.term_ids for si in small[old:]]
+        for v in vocab:
+            for t in v:
+                row.setdefault(t, len(row))
         ids = np.full((len(row) + 1, len(small)), -1, np.int64)
-        df = np.zeros(len(row) + 1, np.int64)
-        for j, (si, v) in enumerate(zip(small, vocab)):
+        if old:
+            n_old = len(got[2])
+            ids[:n_old, :old] = got[3][:n_old]
+        for j, v in enumerate(vocab, start=old):
             r = np.fromiter(map(row.__getitem__, v), np.int64, len(v))
-            local = np.fromiter(v.values(), np.int64, len(v))
-            ids[r, j] = local
-            df[r] += self.segments[si].df[local]
-        return np.array(small, np.int64), row, ids, df
+            ids[r, j] = np.fromiter(v.values(), np.int64, len(v))
+        df = np.zeros(len(row) + 1, np.int64)
+        for j, si in enumerate(small):  # every segment's live df: deletes since the snapshot before change it
+            col = ids[:, j]
+            there = col >= 0
+            df[there] += self.segments[si].df[col[there]]
+        return names, np.array(small, np.int64), row, ids, df
 
     def prepare(self, query: str) -> LiveQuery:
         """Distinct query terms boosted by their count in the query, weighted with the live idf (``bm25``)."""
@@ -682,7 +709,7 @@ class LiveIndex:
         commit.write(self.live)  # the commit point
         self.commit = commit
         self._wal.rewrite([])  # every logged request is in the commit
-        self._publish(Snapshot(gen, tuple(states), self.settings))
+        self._publish(Snapshot(gen, tuple(states), self.settings, self._snapshot))
         self._gc()
 
     def _publish(self, snap: Snapshot) -> None:

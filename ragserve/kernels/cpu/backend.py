@@ -15,6 +15,7 @@ percent of a short query.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import queue
@@ -147,6 +148,7 @@ class CpuBackend(Backend):
         # Smallest value of each cache, by its id (for search.sum_is_exact). Never cleared, so a search holding a
         # cache dropped from ``_caches`` still finds it; a float per avgdl a live index ever had.
         self._min_q: dict[int, float] = {}
+        self._scaled: dict[float, tuple] = {}  # scaled shard arguments by their ratio (``_scaled_bounds``)
 
     def _load(self, a: np.ndarray) -> np.ndarray:
         """A layout array as the kernels read it: copied into memory backed by huge pages when ``resident``, else
@@ -200,12 +202,21 @@ class CpuBackend(Backend):
         """The shard arguments with ``blk_maxq`` and ``fine_maxq`` scaled to bound q under ``cache`` (a live
         collection's avgdl) instead of the layout's: with r = max over norms of cache / layout cache,
         ``q' = f32(tf * cache[n]) <= f32 rounded up(maxq * r * (1 + 2^-22))`` (maxq is within 2^-24 of the real
-        ``tf * layout cache[n]``, and rounding is monotone), so pruning stays exact. None where no finite r exists."""
+        ``tf * layout cache[n]``, and rounding is monotone), so pruning stays exact. None where no finite r exists.
+        r is rounded up to a grid of 2^(1/128) (0.5% steps), so the copies serve every avgdl whose r rounds alike:
+        a live index's avgdl moves a little at each refresh, and scaling a 1M-passage index's bounds again each
+        time cost ~0.1 s (under the index's write lock, as its searcher readies itself for the new snapshot)."""
         own = bm25.norm_cache(self.index.k1, self.index.b, self.index.avgdl).astype(np.float64)
         new = cache.astype(np.float64)
         if not (np.all(np.isfinite(own)) and np.all(np.isfinite(new)) and np.all(own > 0)):
             return None
-        r = float((new / own).max()) * (1.0 + 2.0**-22)
+        exact = float((new / own).max()) * (1.0 + 2.0**-22)
+        r = 2.0 ** (math.ceil(math.log2(exact) * 128) / 128)
+        while r < exact:  # the grid point as computed may round below
+            r *= 1.0 + 2.0**-40
+        got = self._scaled.get(r)
+        if got is not None:
+            return got
 
         def scaled(a: np.ndarray) -> np.ndarray:
             x = np.asarray(a, dtype=np.float64) * r
@@ -216,7 +227,10 @@ class CpuBackend(Backend):
             a = list(arrays)
             a[4], a[8] = scaled(a[4]), scaled(a[8])  # blk_maxq, fine_maxq (``_SHARD_ARRAYS``)
             out.append((tuple(a), b0, b1))
-        return tuple(out)
+        if len(self._scaled) > 8:
+            self._scaled.clear()
+        got = self._scaled[r] = tuple(out)
+        return got
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
                      times: StageTimes | None = None, avgdl: float | None = None) -> list[TopK]:
