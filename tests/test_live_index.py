@@ -334,3 +334,32 @@ def test_searcher_closes_the_live_index_it_opened(tmp_path, arguana_index):
     assert ls.search("vegetarian", k=3, with_text=False)
     ls.close()
     LiveIndex(idx).close()
+
+
+def test_refresh_extends_the_delta_vocabulary_exactly(tmp_path, written, arguana_docs):
+    """With a cpu searcher attached, each refresh extends the small segments' shared vocabulary (and sums their
+    live dfs again) from the snapshot before: it equals one built from scratch, deletes in old deltas included,
+    and searches still rank as the per-segment path does."""
+    from indexer.segments import Snapshot
+
+    live = _open_copy(written, tmp_path / "live")
+    ls = LiveSearcher(live, backend="cpu", threads=1)
+    rng = random.Random(7)
+    for r in range(4):
+        live.add([Document(f"v{r}-{i}", d.title, d.text) for i, d in enumerate(rng.sample(arguana_docs, 30))])
+        if r:  # deletes in the delta before: its live df changes under the shared vocabulary
+            live.delete([f"v{r - 1}-{i}" for i in range(5)])
+        before = live.snapshot()
+        snap = live.refresh()
+        assert snap is not before and "small_terms_by_name" in snap.__dict__  # readied before it was published
+        fresh = Snapshot(snap.generation, snap.segments, snap.settings)
+        got, want = snap.small_terms, fresh.small_terms
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+        assert np.array_equal(got[2], want[2]) and np.array_equal(got[3], want[3])
+    queries = [" ".join(d.text.split()[:6]) for d in arguana_docs[:60]]
+    ref = LiveSearcher(live, backend="cpu", threads=1, per_segment=True)
+    assert [_ranked(h) for h in ls.search_batch(queries, k=20, with_text=False)] == \
+        [_ranked(h) for h in ref.search_batch(queries, k=20, with_text=False)]
+    ref.close()
+    ls.close()
+    live.close()
