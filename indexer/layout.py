@@ -12,6 +12,7 @@ ACCUMULATOR_BYTES_PER_DOC = 8  # f64 accumulators
 FIELD_SEPARATOR = "\x1f"  # between title and text in store.bin
 
 MANIFEST = "manifest.json"
+DENSE_DIR = "dense"  # an index's dense part (passage embeddings, faiss index: ragserve/retrieval/dense.py)
 NORMS = "norms.u8"
 DF = "df.u32"
 VOCAB_BYTES, VOCAB_OFFSETS = "vocab.bin", "vocab.u64"

@@ -185,24 +185,23 @@ def chunk_postings(ids, counts, slots):
     return terms[:postings], tfs[:postings], uniq, lengths
 
 
-_worker: _ChunkAnalyser | None = None
-
-
-def _init_worker(cfg: dict) -> None:
-    global _worker
-    _worker = _ChunkAnalyser(cfg)
+# The analysis state of a pool worker process (set by its initializer; a pool task can only reach it as a global).
+# Never set in the main process: an in-process build keeps its own ``_ChunkAnalyser`` (two builds may run at once
+# in two threads, e.g. a live index's refresh and merge).
+_pool_worker: _ChunkAnalyser | None = None
 
 
 def _init_pool_worker(cfg: dict) -> None:
+    global _pool_worker
     # Ctrl-C reaches the whole process group. Only the main process acts on it (it stops the pool and removes
     # the partial index): a worker interrupted inside the pool's queues can leave the pool waiting forever.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _init_worker(cfg)
+    _pool_worker = _ChunkAnalyser(cfg)
 
 
 def _analyse_chunk(batch: tuple[list[str], list[str], list[str]]) -> tuple:
-    assert _worker is not None
-    return _worker.chunk(batch)
+    assert _pool_worker is not None
+    return _pool_worker.chunk(batch)
 
 
 class ChunkAnalyser:
@@ -514,9 +513,9 @@ def _analyse_local(documents: Iterable, analyzer: Analyzer, workers: int) -> Ite
             finally:
                 pool.shutdown(cancel_futures=True)
     else:
-        _init_worker(analyzer.config_dict())
+        worker = _ChunkAnalyser(analyzer.config_dict())  # this build's own: nothing shared with another thread's
         for batch in prepared():
-            yield _analyse_chunk(batch)
+            yield worker.chunk(batch)
 
 
 def _build(chunks: Iterable[tuple], tmp: Path, opts: BuildOptions, analyzer: Analyzer, source: dict, read_stats=None,

@@ -13,7 +13,8 @@ Steps, on a synthetic corpus (``indexer.synth``) of N passages plus 1% more, and
 5. refresh latency as a server sees it (``LiveMaintenance`` at ``--refresh-interval``): a one-document write to the
    moment a search finds it.
 Search latency: single queries, k = 10, the cpu backend on one thread, best of ``--passes`` passes (median and
-mean), also a plain ``Searcher`` over the merged segment (the live path's own overhead).
+mean), also a plain ``Searcher`` over the merged segment (the live path's own overhead), and the 1- and 10-delta
+states searched with a backend call per segment (``per_segment``: the way before the one-call kernel).
 """
 from __future__ import annotations
 
@@ -165,17 +166,26 @@ def main() -> int:
     res["merge_all_s"] = round(time.perf_counter() - t0, 2)
     states["search_merged"] = Pinned(live)
     searchers = {name: LiveSearcher(p, backend="cpu", threads=1) for name, p in states.items()}
+    for name in ("search_1_delta", "search_10_deltas"):
+        searchers[f"{name}_per_segment"] = LiveSearcher(states[name], backend="cpu", threads=1, per_segment=True)
     searchers["search_merged_plain_searcher"] = Searcher(live.snapshot().segments[0].reader, backend="cpu", threads=1)
     for s in searchers.values():  # open and warm every backend before timing
         s.search_batch(queries[:20], k=10, with_text=False)
     res.update(latencies(searchers, queries, args.passes))
+    for name in ("search_1_delta", "search_10_deltas"):  # the one-call search ranks as the call per segment does
+        ranked = [[[(h.id, float(h.score), h.docid) for h in hits]
+                   for hits in searchers[n].search_batch(queries, k=100, with_text=False)]
+                  for n in (name, f"{name}_per_segment")]
+        res[name]["same_top100_as_per_segment"] = ranked[0] == ranked[1]
     for name, s in searchers.items():
-        if name in states:
-            snap = states[name].snap
+        state = name.removesuffix("_per_segment")
+        if state in states:
+            snap = states[state].snap
             res[name].update(segments=len(snap.segments), deleted=sum(int(x.deleted.size) for x in snap.segments),
                              skipped=s.skipped)
         s.close()
-    for k in ("search_0_deltas", "search_1_delta", "search_10_deltas"):
+    for k in ("search_0_deltas", "search_1_delta", "search_10_deltas", "search_1_delta_per_segment",
+              "search_10_deltas_per_segment"):
         res[k]["p50_vs_merged"] = round(res[k]["p50_ms"] / res["search_merged"]["p50_ms"], 3)
         res[k]["mean_vs_merged"] = round(res[k]["mean_ms"] / res["search_merged"]["mean_ms"], 3)
     for name in searchers:

@@ -93,7 +93,7 @@ def test_initial_threshold_is_reached_by_k_documents(hotpot_index):
                 seed = max(float(S.initial_threshold(
                     a[0], a[1], a[2], a[3], a[7], a[8], be._fine_block, be._norms, cache,
                     q.term_ids.astype(np.int64), q.weights, default, k, ix.block_size, ix.tf_bits, be._fused,
-                    exact_limit)) for a, _, _ in be._shard_args)
+                    exact_limit, np.zeros(0, np.uint8))) for a, _, _ in be._shard_args)
                 top = full.search_terms([q], k, ix.k1, ix.b)[0]
                 if len(top.scores) < k:
                     assert seed == 0.0
@@ -168,18 +168,21 @@ def test_order_dependent_sums_take_the_canonical_order(hotpot_index):
         assert pruned.search_terms([q], k, ix.k1, ix.b)[0].same_as(full.search_terms([q], k, ix.k1, ix.b)[0])
 
 
-@pytest.mark.parametrize("seeded", [False, True])
-def test_topk_buffer_keeps_the_k_best_by_the_tie_rule(seeded):
+@pytest.mark.parametrize("seeded,with_deleted", [(False, False), (True, False), (False, True), (True, True)])
+def test_topk_buffer_keeps_the_k_best_by_the_tie_rule(seeded, with_deleted):
     """flush_block / topk_sorted against a sort: score descending, then docid ascending, with many equal scores;
-    seeded, the threshold starts at the k-th best score itself (``initial_key``): docs tied with it still enter."""
+    seeded, the threshold starts at the k-th best score itself (``initial_key``): docs tied with it still enter;
+    docs marked deleted never enter (a live index's segment), however well they score."""
     rng = np.random.default_rng(1)
+    deleted = (rng.random(60 * 64) < 0.2).astype(np.uint8) if with_deleted else np.zeros(0, np.uint8)
     for k in (1, 3, 10, 100, 1000):  # 1000: the radix sort of the kept keys
         windows = []
         for w in range(60):  # windows of docs in docid order, offered in a shuffled order within each window
             n = int(rng.integers(0, 60))
             scores = rng.integers(1, 6, n).astype(np.float64) / 4  # few distinct values: ties everywhere
             windows.append((w * 64, scores, rng.permutation(64)[:n].astype(np.int64)))
-        seen = [(float(np.float32(sc)), base + int(o)) for base, scores, offs in windows for sc, o in zip(scores, offs)]
+        seen = [(float(np.float32(sc)), base + int(o)) for base, scores, offs in windows for sc, o in zip(scores, offs)
+                if not (deleted.size and deleted[base + o])]
         want = sorted(seen, key=lambda x: (-x[0], x[1]))[:k]
         buf = np.empty(2 * k, np.uint64)
         st = np.zeros(3, np.uint64)
@@ -190,7 +193,7 @@ def test_topk_buffer_keeps_the_k_best_by_the_tie_rule(seeded):
             acc = np.zeros(64)
             acc[offs] = scores
             live = (acc != 0).astype(np.uint8)
-            flush_block(acc, live, offs, offs.size, base, buf, st, k, stats, 0)
+            flush_block(acc, live, offs, offs.size, base, buf, st, k, stats, 0, deleted, base)
             assert not acc.any() and not live.any()
         docs, out = topk_sorted(buf, st, k)
         assert [(float(s), int(d)) for s, d in zip(out, docs)] == want

@@ -22,7 +22,7 @@ import pytest
 from indexer.readers import iter_documents
 from indexer.readers.model import Document
 from indexer.reader import IndexReader, InvalidIndexError
-from indexer.segments import LiveIndex, LiveIndexLocked, MergePolicy, is_live
+from indexer.segments import LiveIndex, LiveIndexError, LiveIndexLocked, MergePolicy, is_live
 from indexer.writer import BuildOptions, build_index_from_documents
 from ragserve.retrieval.live import LiveSearcher
 from ragserve.retrieval.searcher import Searcher
@@ -161,10 +161,19 @@ def test_random_writes_equal_a_fresh_build(tmp_path, written, backend, options):
     if backend != "cpu":
         assert _fresh_ranking(fresh, queries[:100], backend, options) == want[:100]
     live = _open_copy(written, tmp_path / "live")
+    if backend == "cpu":  # the small segments at the end are searched as one folded index (SegmentSet(fold=))
+        snap = live.snapshot()
+        ls = LiveSearcher(live, backend=backend, **options)
+        n = sum(1 for s in snap.segments if s.n_live)
+        assert n > 2 and ls._segment_set(snap, snap.k1, snap.b)[0].rows < n
+        ls.close()
     _compare(live, want, queries, backend, options)
-    if backend == "cpu":  # short queries at k=10: small segments are skipped by their bound, exactly
+    if backend == "cpu":  # short queries at k=10, where pruning across segments skips the most, exactly
         short = [" ".join(q.split()[:3]) for q in queries[:300]]
-        assert _compare(live, _fresh_ranking(fresh, short, k=10), short, backend, options, k=10) > 0
+        want_short = _fresh_ranking(fresh, short, k=10)
+        _compare(live, want_short, short, backend, options, k=10)
+        # A call per segment (the gpu and fpga way): small segments are skipped by their bound, exactly.
+        assert _compare(live, want_short, short, backend, {**options, "per_segment": True}, k=10) > 0
     live.force_merge()
     assert len(live.snapshot().segments) == 1 and not live.snapshot().segments[0].deleted.size
     _compare(live, want, queries, backend, options)
@@ -319,3 +328,60 @@ def test_cli_add_delete_merge(tmp_path, arguana_index):
     live.close()
     p = _ragserve("add", str(new), "--index", str(tmp_path / "none"))
     assert p.returncode == 2 and "--create" in p.stderr
+
+
+def test_writes_to_an_index_with_a_dense_part_are_refused(tmp_path, wiki300_dense):
+    """Segments are BM25 only: writes would leave the dense part's embeddings stale (added documents not embedded,
+    deleted ones still found), so they are refused with the reason (exit 2 from the CLI), and the index is left
+    as it was: plain, its dense part in place."""
+    idx = _copy(wiki300_dense, tmp_path / "idx")
+    new = tmp_path / "new.jsonl"
+    new.write_text(json.dumps({"_id": "x0", "title": "zebra", "text": "zebra crossing"}) + "\n")
+    p = _ragserve("add", str(new), "--index", str(idx))
+    assert p.returncode == 2 and "dense part" in p.stderr and "added documents are not embedded" in p.stderr
+    with pytest.raises(LiveIndexError, match="dense part"):
+        LiveIndex(idx)
+    assert not is_live(idx) and IndexReader(idx).num_docs == 300 and (idx / "dense" / "manifest.json").is_file()
+
+
+def test_searcher_closes_the_live_index_it_opened(tmp_path, arguana_index):
+    """A ``LiveSearcher`` given a path opens the index (for writing, taking its lock, when no other process writes
+    it) and closes it with itself: the lock is free again."""
+    idx = _copy(arguana_index, tmp_path / "idx")
+    LiveIndex(idx).close()  # a live index now
+    ls = LiveSearcher(idx, backend="cpu", threads=1)
+    assert ls.live.writable
+    with pytest.raises(LiveIndexLocked):
+        LiveIndex(idx)
+    assert ls.search("vegetarian", k=3, with_text=False)
+    ls.close()
+    LiveIndex(idx).close()
+
+
+def test_refresh_extends_the_delta_vocabulary_exactly(tmp_path, written, arguana_docs):
+    """With a cpu searcher attached, each refresh extends the small segments' shared vocabulary (and sums their
+    live dfs again) from the snapshot before: it equals one built from scratch, deletes in old deltas included,
+    and searches still rank as the per-segment path does."""
+    from indexer.segments import Snapshot
+
+    live = _open_copy(written, tmp_path / "live")
+    ls = LiveSearcher(live, backend="cpu", threads=1)
+    rng = random.Random(7)
+    for r in range(4):
+        live.add([Document(f"v{r}-{i}", d.title, d.text) for i, d in enumerate(rng.sample(arguana_docs, 30))])
+        if r:  # deletes in the delta before: its live df changes under the shared vocabulary
+            live.delete([f"v{r - 1}-{i}" for i in range(5)])
+        before = live.snapshot()
+        snap = live.refresh()
+        assert snap is not before and "small_terms_by_name" in snap.__dict__  # readied before it was published
+        fresh = Snapshot(snap.generation, snap.segments, snap.settings)
+        got, want = snap.small_terms, fresh.small_terms
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+        assert np.array_equal(got[2], want[2]) and np.array_equal(got[3], want[3])
+    queries = [" ".join(d.text.split()[:6]) for d in arguana_docs[:60]]
+    ref = LiveSearcher(live, backend="cpu", threads=1, per_segment=True)
+    assert [_ranked(h) for h in ls.search_batch(queries, k=20, with_text=False)] == \
+        [_ranked(h) for h in ref.search_batch(queries, k=20, with_text=False)]
+    ref.close()
+    ls.close()
+    live.close()

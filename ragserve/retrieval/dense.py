@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from indexer.files import sha256_file, write_dir_atomically
+from indexer.layout import DENSE_DIR
 from indexer.reader import IndexReader, InvalidIndexError
 from ragserve.kernels.contract import SearchError, StageTimes, TopK
 from ragserve.retrieval.embedder import Embedder, EmbedderError
@@ -32,7 +33,6 @@ from ragserve.retrieval.contract import Hit, Retriever
 
 FORMAT_NAME = "ragserve-dense"
 FORMAT_VERSION = 1
-DENSE_DIR = "dense"
 MANIFEST = "manifest.json"
 EMBEDDINGS = "embeddings.f16"
 FAISS_FILE = "faiss.index"

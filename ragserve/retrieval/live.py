@@ -1,15 +1,18 @@
 """``LiveSearcher``: exact BM25 top-k over a live index (``indexer/segments.py``) on any registered backend.
 
-Each search takes the index's current ``Snapshot`` (never waiting for a writer) and
-- prepares the query once with the live collection's statistics: idf from the live df and live document count,
-  weights ``f32(boost * idf)`` exactly as ``QueryPreparer`` makes them for a fresh build;
-- scores every segment with its own backend, passing the live average length (``Backend.search_terms(avgdl=)``),
-  the query's terms in the segment's term ids (ascending: every segment's vocabulary is sorted like the fresh
-  build's, so the canonical summation order holds and the f32 score bits are the fresh build's);
-- drops deleted documents from each segment's list: a segment is asked for more than k (its deleted share, then
-  doubling up to k + its deleted count, which always suffices) until k live hits or all its matches are in hand;
-- maps each hit to its global docid (its place in last-written order: the fresh build's docid) and keeps the best
-  k of all segments by score, then docid: the fresh build's order, ties included.
+Each search takes the index's current ``Snapshot`` (never waiting for a writer) and prepares the query once with
+the live collection's statistics: idf from the live df and live document count, weights ``f32(boost * idf)``
+exactly as ``QueryPreparer`` makes them for a fresh build. The query's terms go to each segment as its own term
+ids (ascending: every segment's vocabulary is sorted like the fresh build's, so the canonical summation order
+holds and the f32 score bits are the fresh build's), scored with the live average length. Then:
+- on the cpu backend, all segments in ONE kernel call a query (``kernels/cpu/segments.py``): one top-k over a
+  shared docid space (segments in order, so its order is the global docids'), deleted documents never entering
+  it, block-max pruning across segments; a call per segment cost 2.5x the merged index with 10 small deltas;
+- on the others (and on cpu with ``per_segment``), one backend call per segment (``Backend.search_terms(avgdl=)``),
+  each segment asked for more than k (its deleted share, then doubling up to k + its deleted count, which always
+  suffices) until k live hits or all its matches are in hand, deleted ones dropped, the lists merged;
+- each hit maps to its global docid (its place in last-written order: the fresh build's docid) and the best k
+  rank by score, then docid: the fresh build's order, ties included.
 """
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ import heapq
 import math
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +27,10 @@ import numpy as np
 
 from indexer import bm25
 from indexer.bm25 import QueryTerms
-from indexer.segments import LiveIndex, Snapshot, open_live
+from indexer.segments import SMALL_SEGMENT, LiveIndex, Snapshot, open_live
 from ragserve.kernels.contract import Backend, SearchError, StageTimes, TopK
 from ragserve.kernels.registry import get_backend_class, resolve_backend_name
 from ragserve.retrieval.contract import MAX_K, Hit, Retriever, bm25_params
-
-SMALL_SEGMENT = 1 << 15  # documents below which a segment's cpu backend reads the file maps (no resident copy)
 
 
 class LiveView:
@@ -86,13 +86,18 @@ class LiveSearcher(Retriever):
     takes_bm25_params = True
     queue = None  # no batching queue: each search runs on its caller's thread
 
-    def __init__(self, live: LiveIndex | str | Path, backend: str = "cpu", **backend_options) -> None:
+    def __init__(self, live: LiveIndex | str | Path, backend: str = "cpu", per_segment: bool = False,
+                 **backend_options) -> None:
+        """``per_segment``: on cpu too, a backend call per segment and a merge of their lists (the other backends'
+        way; on cpu only a reference for the one-call path, which is faster)."""
         # Anything with ``snapshot()``, ``on_refresh()`` and ``path`` serves (a LiveIndex; a benchmark's pinned
-        # snapshot).
-        self.live = live if hasattr(live, "snapshot") else open_live(live)
+        # snapshot). One opened here is closed with the searcher.
+        self._owns_live = not hasattr(live, "snapshot")
+        self.live = open_live(live) if self._owns_live else live
         self.backend_name = resolve_backend_name(backend)
         if self.backend_name not in ("cpu", "gpu", "fpga", "fpga-sim"):
             raise SearchError(f"backend {self.backend_name!r} does not search live indexes")
+        self._one_call = self.backend_name == "cpu" and not per_segment
         self._cls = get_backend_class(self.backend_name)
         self._options = backend_options
         # The most hits one backend call may return while a segment is over-asked for its deleted share: the
@@ -101,11 +106,12 @@ class LiveSearcher(Retriever):
         self._call_k = self._cls.max_k if self._cls.max_k < MAX_K else math.inf
         self._lock = threading.Lock()
         self._backends: dict[str, tuple[Backend, threading.Lock | None]] = {}
-        self._inflight: Counter[str] = Counter()
+        self._inflight: dict[int, list] = {}  # id(snapshot) -> [snapshot, searches using it]
         self._maxqs: dict[str, np.ndarray] = {}  # per segment: each term's largest blk_maxq (the skip bound)
         self._ratios: dict[tuple[str, float], float] = {}
         self._plans: dict[int, tuple[Snapshot, list]] = {}
-        self.skipped = 0  # (query, segment) pairs skipped because the segment could not reach the top-k
+        self._sets: dict[tuple, tuple] = {}
+        self.skipped = 0  # per-segment calls: (query, segment) pairs skipped, the segment unable to reach the top-k
         self.index = LiveView(self)
         self._sync(self.live.snapshot())
         self.live.on_refresh(self._sync)
@@ -126,20 +132,26 @@ class LiveSearcher(Retriever):
 
     # -- backends per segment -------------------------------------------------------------------
     def _sync(self, snap: Snapshot) -> None:
-        """Open the backends of the snapshot's new segments (so the first search after a refresh does not), and
-        close those of segments gone from it that no search is using."""
+        """Open the backends of the snapshot's new segments and, on cpu, its segment set (called before the index
+        publishes it: no search pays for that), and close those of segments gone from it that no search is using
+        (nor the snapshot still current)."""
         for s in snap.segments:
             self._backend(s)
         names = {s.name for s in snap.segments}
         with self._lock:
-            gone = [n for n in self._backends if n not in names and not self._inflight[n]]
+            busy = {s.name for sn in [self.live.snapshot(), *(u[0] for u in self._inflight.values())]
+                    for s in sn.segments}
+            gone = [n for n in self._backends if n not in names and n not in busy]
             closing = [self._backends.pop(n)[0] for n in gone]
             for n in gone:
                 self._maxqs.pop(n, None)
             if gone:
                 self._plans.clear()
+                self._sets.clear()
         for be in closing:
             be.close()
+        if self._one_call:  # built here, at the refresh, rather than by the first search after it
+            self._segment_set(snap, snap.k1, snap.b)
 
     def _backend(self, seg) -> tuple[Backend, threading.Lock | None]:
         got = self._backends.get(seg.name)
@@ -148,10 +160,11 @@ class LiveSearcher(Retriever):
             n = seg.reader.num_docs
             if self.backend_name == "cpu" and "tuning" not in options and n < SMALL_SEGMENT:
                 # A delta segment: huge-page copies (2 MiB an array at least) would cost more than they save, and a
-                # window as large as the segment is enough (each window's accumulator is cleared and scanned).
+                # window as large as the segment is enough. Plain copies, not the file maps: the one-call search
+                # takes arrays in memory.
                 from ragserve.kernels.cpu.backend import CpuTuning
 
-                options = {**options, "tuning": CpuTuning(resident=False, window=max(64, 1 << (n - 1).bit_length()))}
+                options = {**options, "tuning": CpuTuning(huge_pages=False, window=max(64, 1 << (n - 1).bit_length()))}
             be = self._cls(seg.reader, **options)
             with self._lock:
                 got = self._backends.setdefault(seg.name, (be, None if be.thread_safe else threading.Lock()))
@@ -170,9 +183,13 @@ class LiveSearcher(Retriever):
         """``deadline`` is taken as ``Searcher`` takes it and never passes: without a queue, work starts at once."""
         snap = self.live.snapshot()
         k1, b = bm25_params(snap, k1, b)  # the snapshot's k1 and b where not given (a live index has no reader)
-        names = [s.name for s in snap.segments]
+        key = id(snap)
         with self._lock:
-            self._inflight.update(names)
+            use = self._inflight.get(key)
+            if use is None:
+                self._inflight[key] = [snap, 1]
+            else:
+                use[1] += 1
         try:
             t0 = time.perf_counter()
             prepared = [snap.prepare(q) for q in queries]
@@ -195,7 +212,10 @@ class LiveSearcher(Retriever):
             return out
         finally:
             with self._lock:
-                self._inflight.subtract(names)
+                use = self._inflight[key]
+                use[1] -= 1
+                if not use[1]:
+                    del self._inflight[key]
 
     def _plan(self, snap: Snapshot) -> list[tuple]:
         """Per snapshot, once: its segments with live documents, largest first (the first one's k-th score lets the
@@ -221,6 +241,85 @@ class LiveSearcher(Retriever):
                         times: StageTimes | None = None) -> list["Found"]:
         """The exact top-k (global docids, f32 scores) of each prepared query (``Snapshot.prepare``), with the
         segment and local docid of each hit."""
+        if self._one_call:
+            got = self._segment_set(snap, k1, b)
+            if got is not None:
+                return self._search_set(snap, got, queries, k, times)
+        return self._search_each(snap, queries, k, k1, b, times)
+
+    def _segment_set(self, snap: Snapshot, k1: float, b: float) -> tuple | None:
+        """Per snapshot and (k1, b), once: the cpu ``SegmentSet`` of its segments with live documents, their
+        indexes in the snapshot, and how many of them lead before the trailing run of small segments it searches
+        as one (``SegmentSet(fold=)``: the deltas' term metadata in one place, where ten apart cost ten times one);
+        None where a backend keeps its arrays in file maps, e.g. a ``tuning`` with ``resident=False``: then a call
+        per segment."""
+        key = (id(snap), float(k1), float(b))
+        got = self._sets.get(key)
+        if got is not None and got[0] is snap:
+            return got[1]
+        from ragserve.kernels.cpu.segments import SegmentSet
+
+        sis = [si for si, s in enumerate(snap.segments) if s.n_live]
+        out = None
+        if sis:
+            bes = [self._backend(snap.segments[si])[0] for si in sis]
+            if all(SegmentSet.can_search(be) for be in bes):
+                sizes = [snap.segments[si].reader.num_docs for si in sis]
+                head = len(sis)
+                while head and sizes[head - 1] < SMALL_SEGMENT:
+                    head -= 1
+                fold = None
+                if len(sis) - head >= 2:
+                    small, row, ids, _ = snap.small_terms
+                    col = {si: c for c, si in enumerate(small.tolist())}
+                    maps = []
+                    for si in sis[head:]:  # each small segment's term id -> row of the shared vocabulary
+                        c = col[si]
+                        r = np.flatnonzero(ids[:, c] >= 0)
+                        m = np.empty(snap.segments[si].reader.vocab_size, np.int64)
+                        m[ids[r, c]] = r
+                        maps.append(m)
+                    fold = (head, maps, len(row))
+                parts = [(be, snap.segments[si].deleted_mask) for be, si in zip(bes, sis)]
+                sset = SegmentSet(parts, k1, b, snap.avgdl, seed_part=int(np.argmax(sizes)), fold=fold)
+                folded = sset.rows < len(sis)  # then its first rows - 1 segments are searched each on its own
+                out = (sset, np.array(sis, np.int64), sset.rows - 1 if folded else None)
+        if len(self._sets) > 8:
+            self._sets.clear()
+        self._sets[key] = (snap, out)
+        return out
+
+    def _search_set(self, snap: Snapshot, got: tuple, queries: list, k: int,
+                    times: StageTimes | None) -> list["Found"]:
+        sset, sis, head = got
+        firsts = sset.firsts
+        todo = [i for i, q in enumerate(queries) if q.terms]
+        if head is not None:  # the leading segments' term ids, then the folded ones' shared rows
+            terms = [np.vstack((queries[i].local[sis[:head]], queries[i].small_rows[None])) for i in todo]
+        elif sis.size == len(snap.segments):
+            terms = [queries[i].local for i in todo]
+        else:
+            terms = [queries[i].local[sis] for i in todo]
+        tops = sset.search(terms, [queries[i].weights for i in todo], k, times)
+        e = np.zeros(0, np.int64)
+        out = [Found(TopK(e, np.zeros(0, np.float32)), e, e) for _ in queries]
+        for i, top in zip(todo, tops):
+            raw = top.docids
+            part = np.searchsorted(firsts, raw, side="right") - 1
+            loc = raw - firsts[part]
+            segs = sis[part]
+            glob = snap.offsets[segs] + loc
+            for si in np.unique(segs).tolist():  # live ranks where a segment has deleted documents
+                seg = snap.segments[si]
+                if seg.deleted.size:
+                    at = segs == si
+                    glob[at] = snap.offsets[si] + seg.live_rank(loc[at])
+            out[i] = Found(TopK(glob, top.scores), segs, loc)
+        return out
+
+    def _search_each(self, snap: Snapshot, queries: list, k: int, k1: float, b: float,
+                     times: StageTimes | None) -> list["Found"]:
+        """A backend call per segment (the gpu and fpga way), the lists merged."""
         parts: list[list[tuple]] = [[] for _ in queries]
         best: list[list[float]] = [[] for _ in queries]  # each query's k best scores so far (a min-heap)
         prune = np.float32(k1) == np.float32(snap.k1) and np.float32(b) == np.float32(snap.b)
@@ -230,14 +329,13 @@ class LiveSearcher(Retriever):
             for i, q in enumerate(queries):
                 if not q.terms:
                     continue
-                local = q.local[si]
                 if prune and len(best[i]) == k:
                     # An upper bound on any score in the segment: per term its largest q there, scaled to the live
                     # avgdl as the cpu backend scales its bounds, in w - w / (1 + q), summed, with a margin for
                     # the f32 rounding. Only a bound strictly below the k-th score skips (ties are kept).
                     bound = 0.0
-                    for w, t in zip(weights[i], local):
-                        if t is not None:
+                    for w, t in zip(weights[i], q.local[si].tolist()):
+                        if t >= 0:
                             x = mq.item(t) * r
                             bound += w * x / (1.0 + x)
                     if bound * (1.0 + 1e-5) < best[i][0]:
@@ -331,8 +429,12 @@ class LiveSearcher(Retriever):
         with self._lock:
             backends = [be for be, _ in self._backends.values()]
             self._backends.clear()
+            self._sets.clear()
+            self._plans.clear()
         for be in backends:
             be.close()
+        if self._owns_live:
+            self.live.close()
 
 
 @dataclass

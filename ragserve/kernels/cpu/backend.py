@@ -15,6 +15,7 @@ percent of a short query.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import queue
@@ -52,6 +53,9 @@ class CpuTuning:
     seed_exact: int = 1024
     # Copy the layout's search arrays into memory on huge pages at open (else read them through the file maps).
     resident: bool = True
+    # Back those copies with 2 MiB pages. Off for a small index (a live index's delta segment): a huge page an
+    # array would cost more memory than the whole index, for no fewer TLB misses.
+    huge_pages: bool = True
     # In that copy, put each doc's length byte into its postings (``relevancy.fuse_norms``), where the bits allow:
     # scoring then reads no norms at random (the file's postings are left as they are).
     fuse_norms: bool = True
@@ -62,20 +66,23 @@ _SHARD_ARRAYS = ("postings", "term_ptr", "blk_id", "blk_start", "blk_maxq", "blk
 HUGE_PAGE = 2 << 20
 
 
-def resident_copy(a: np.ndarray) -> np.ndarray:
+def resident_copy(a: np.ndarray, huge: bool = True) -> np.ndarray:
     """A copy of ``a`` in anonymous memory that the kernel is asked to back with 2 MiB pages (Linux transparent
     huge pages): a query touches postings, norms and bounds all over the index, and with 4 KiB pages of a file
     map most of those touches also miss the TLB (costly under virtualisation: measured 20% of a query that
-    follows other work, 1M passages). Falls back to an ordinary copy where huge pages cannot be asked for."""
+    follows other work, 1M passages). Falls back to an ordinary copy where huge pages cannot be asked for (or
+    without ``huge``)."""
     a = np.asarray(a)
-    out = resident_empty(a.size, a.dtype)
+    out = resident_empty(a.size, a.dtype, huge)
     out[:] = a
     return out
 
 
-def resident_empty(n: int, dtype: np.dtype) -> np.ndarray:
+def resident_empty(n: int, dtype: np.dtype, huge: bool = True) -> np.ndarray:
     """An uninitialised 1-D array of ``n`` items on 2 MiB pages where the kernel grants them (``resident_copy``)."""
     dtype = np.dtype(dtype)
+    if not huge:
+        return np.empty(n, dtype=dtype)
     size = -(-max(n * dtype.itemsize, 1) // HUGE_PAGE) * HUGE_PAGE
     try:
         m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -141,11 +148,12 @@ class CpuBackend(Backend):
         # Smallest value of each cache, by its id (for search.sum_is_exact). Never cleared, so a search holding a
         # cache dropped from ``_caches`` still finds it; a float per avgdl a live index ever had.
         self._min_q: dict[int, float] = {}
+        self._scaled: dict[float, tuple] = {}  # scaled shard arguments by their ratio (``_scaled_bounds``)
 
     def _load(self, a: np.ndarray) -> np.ndarray:
         """A layout array as the kernels read it: copied into memory backed by huge pages when ``resident``, else
         the memory map itself (numba kernels take plain arrays)."""
-        return resident_copy(a) if self.tuning.resident else np.asarray(a)
+        return resident_copy(a, self.tuning.huge_pages) if self.tuning.resident else np.asarray(a)
 
     def _arrays(self, s) -> dict:
         a = {n: self._load(getattr(s, n)) for n in
@@ -160,7 +168,7 @@ class CpuBackend(Backend):
                 a["postings"], a["blk_id"], a["blk_start"], self._norms, cache, self.index.tf_bits,
                 self.index.block_size, L.DEFAULT_FINE_BLOCK)
         if self._fused:
-            fused = resident_empty(a["postings"].size, np.uint32)
+            fused = resident_empty(a["postings"].size, np.uint32, self.tuning.huge_pages)
             R.fuse_norms(a["postings"], a["blk_id"], a["blk_start"], self._norms, self.index.tf_bits,
                          self.index.block_size, fused)
             a["postings"] = fused
@@ -194,12 +202,21 @@ class CpuBackend(Backend):
         """The shard arguments with ``blk_maxq`` and ``fine_maxq`` scaled to bound q under ``cache`` (a live
         collection's avgdl) instead of the layout's: with r = max over norms of cache / layout cache,
         ``q' = f32(tf * cache[n]) <= f32 rounded up(maxq * r * (1 + 2^-22))`` (maxq is within 2^-24 of the real
-        ``tf * layout cache[n]``, and rounding is monotone), so pruning stays exact. None where no finite r exists."""
+        ``tf * layout cache[n]``, and rounding is monotone), so pruning stays exact. None where no finite r exists.
+        r is rounded up to a grid of 2^(1/128) (0.5% steps), so the copies serve every avgdl whose r rounds alike:
+        a live index's avgdl moves a little at each refresh, and scaling a 1M-passage index's bounds again each
+        time cost ~0.1 s (under the index's write lock, as its searcher readies itself for the new snapshot)."""
         own = bm25.norm_cache(self.index.k1, self.index.b, self.index.avgdl).astype(np.float64)
         new = cache.astype(np.float64)
         if not (np.all(np.isfinite(own)) and np.all(np.isfinite(new)) and np.all(own > 0)):
             return None
-        r = float((new / own).max()) * (1.0 + 2.0**-22)
+        exact = float((new / own).max()) * (1.0 + 2.0**-22)
+        r = 2.0 ** (math.ceil(math.log2(exact) * 128) / 128)
+        while r < exact:  # the grid point as computed may round below
+            r *= 1.0 + 2.0**-40
+        got = self._scaled.get(r)
+        if got is not None:
+            return got
 
         def scaled(a: np.ndarray) -> np.ndarray:
             x = np.asarray(a, dtype=np.float64) * r
@@ -210,7 +227,10 @@ class CpuBackend(Backend):
             a = list(arrays)
             a[4], a[8] = scaled(a[4]), scaled(a[8])  # blk_maxq, fine_maxq (``_SHARD_ARRAYS``)
             out.append((tuple(a), b0, b1))
-        return tuple(out)
+        if len(self._scaled) > 8:
+            self._scaled.clear()
+        got = self._scaled[r] = tuple(out)
+        return got
 
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
                      times: StageTimes | None = None, avgdl: float | None = None) -> list[TopK]:

@@ -94,13 +94,15 @@ def _window_end(postings, fine_maxq, fine_last, pos, pend, f, fend, fstart, fine
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, fine_block, norms, cache, term_ids,
-                      weights, default_params, k, block_size, tf_bits, fused, exact_limit):
+                      weights, default_params, k, block_size, tf_bits, fused, exact_limit, deleted):
     """A score that at least k documents of the shard reach (0.0 if none is known), to prune from the first window.
 
     A document's score is at least each of its term scores, so k distinct postings of one term give one: the
     k-th largest exact score of the postings of the heaviest term with at least k postings, over all of them up
     to ``exact_limit``, else over its fine blocks with the largest bounds (about 2k postings, chosen by one pass
-    over its bounds). Bounded work: a few microseconds a query."""
+    over its bounds). Bounded work: a few microseconds a query. ``deleted`` (u8 per doc, or empty) marks deleted
+    documents, whose postings do not count: looked up only for the postings at or above the candidate score (a
+    look-up per gathered posting, at random in the marks, cost more than the seed saved)."""
     tfb = np.uint32(tf_bits)
     shift = np.uint32(tf_bits + NORM_BITS) if fused else tfb
     mask = np.uint32((1 << tf_bits) - 1)
@@ -139,6 +141,7 @@ def initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq
         if fine_maxq[f] >= cut:
             n += fine_block
     qs = np.empty(n, dtype=np.float32)
+    docs = np.empty(n if deleted.size else 0, dtype=np.int64)
     n = 0
     for e in range(e0, e1):
         base = np.int64(blk_id[e]) * block_size
@@ -151,21 +154,34 @@ def initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq
                 p = postings[j]
                 nrm = (p >> tfb) & np.uint32(0xFF) if fused else norms[base + np.int64(p >> shift)]
                 qs[n] = np.float32(p & mask) * cache[nrm]
+                if deleted.size:
+                    docs[n] = base + np.int64(p >> shift)
                 n += 1
-    if n < k:
-        return np.float32(0.0)
-    q_k = np.partition(qs[:n], n - k)[n - k]
+    m = k  # the m-th largest score: at least m postings (distinct docs) reach it; enough once k of them are live
+    while True:
+        if n < m:
+            return np.float32(0.0)
+        q_k = np.partition(qs[:n], n - m)[n - m]
+        if not deleted.size:
+            break
+        alive = 0
+        for j in range(n):
+            if qs[j] >= q_k and not deleted[docs[j]]:
+                alive += 1
+        if alive >= k:
+            break
+        m += k - alive
     w = weights[best_i]
     return np.float32(w - w / (F1 + q_k))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def seed_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, fine_block, norms, cache, term_ids,
-                   weights, default_params, k, block_size, tf_bits, fused, exact_limit, st):
+                   weights, default_params, k, block_size, tf_bits, fused, exact_limit, deleted, st):
     """Start the top-k buffer's threshold at ``initial_threshold`` (``selection.initial_key``) where it is above
     the current one."""
     score = initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, fine_block, norms, cache,
-                              term_ids, weights, default_params, k, block_size, tf_bits, fused, exact_limit)
+                              term_ids, weights, default_params, k, block_size, tf_bits, fused, exact_limit, deleted)
     if score > 0.0:
         key = initial_key(score)
         if key > st[1]:
@@ -176,32 +192,34 @@ def seed_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, f
 def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, fine_ptr, fine_maxq,
                  fine_last, fine_block, norms, cache, term_ids, weights, default_params, exact_sum, prune, k,
                  block_size, tf_bits, fused, block_lo, block_hi, window, probe_ratio, prefetch_norms, acc, live,
-                 touched, cands, buf, st, stats):
+                 touched, cands, buf, st, stats, doc_off, deleted, iw, fw, cq):
     """Add one shard's matches to the top-k buffer (``selection.flush_block``: keys ``buf``, state ``st``).
 
     ``window`` (a power of two, at most ``block_size``) is the docs per window, and ``acc``, ``live`` (u8 marks
     of the docs still candidates), ``touched`` and ``cands`` hold one window (``acc`` and ``live`` zero on entry
     and exit). A non-essential term is probed by binary search
     when ``candidates * probe_ratio`` is below its postings in the window, else scanned. Without ``prune``
-    every posting is scored (the exhaustive reference)."""
+    every posting is scored (the exhaustive reference). Docids enter the top-k plus ``doc_off`` (several segments
+    share one top-k: ``search_segments``), and documents ``deleted`` marks (u8 per doc, or empty) never enter it.
+    ``iw``, ``fw``, ``cq``: per-term scratch (``shard_scratch``), allocated once a query, not once a shard."""
     nq = term_ids.size
     slack = 1.0 + (nq + 1) * SLACK_PER_TERM
     tfb = np.uint32(tf_bits)
     shift = np.uint32(tf_bits + NORM_BITS) if fused else tfb
     mask = np.uint32((1 << tf_bits) - 1)
-    cur = np.empty(nq, dtype=np.int64)
-    end = np.empty(nq, dtype=np.int64)
+    cur = iw[0]
+    end = iw[1]
     for i in range(nq):
         cur[i] = term_ptr[term_ids[i]]
         end[i] = term_ptr[term_ids[i] + 1]
-    ent = np.empty(nq, dtype=np.int64)
-    cq = np.empty(nq, dtype=np.float32)  # the term's q bound in the block entry
-    pos = np.zeros(nq, dtype=np.int64)  # next posting of the term in the block
-    pend = np.zeros(nq, dtype=np.int64)
-    wend = np.empty(nq, dtype=np.int64)  # the term's first posting past the current window
-    wb = np.empty(nq, dtype=np.float64)  # the term's bound in the window (0: no posting there)
-    order = np.empty(nq, dtype=np.int64)
-    remaining = np.empty(nq, dtype=np.float64)
+    ent = iw[2]
+    pos = iw[3]  # next posting of the term in the block
+    pend = iw[4]
+    wend = iw[5]  # the term's first posting past the current window
+    order = iw[6]
+    wb = fw[0]  # the term's bound in the window (0: no posting there)
+    remaining = fw[1]
+    # cq: the term's q bound in the block entry
     for b in range(block_lo, block_hi):
         base = np.int64(b) * block_size
         total = 0.0
@@ -353,7 +371,13 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
             for j in range(n_o):
                 pos[order[j]] = wend[order[j]]
             stats[ST_FLUSHED] += n_c
-            flush_block(acc, live, src, n_c, base + w0, buf, st, k, stats, ST_PUSHES)
+            flush_block(acc, live, src, n_c, doc_off + base + w0, buf, st, k, stats, ST_PUSHES, deleted, base + w0)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def shard_scratch(nq):
+    """``search_shard``'s per-term scratch for up to ``nq`` terms."""
+    return np.empty((7, nq), dtype=np.int64), np.empty((2, nq), dtype=np.float64), np.empty(nq, dtype=np.float32)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -389,16 +413,139 @@ def search_query(shards, fine_block, norms, cache, min_q, term_ids, weights, def
     st[2] = 0
     exact = sum_is_exact(weights, min_q)
     tids = term_ids.astype(np.int64)
+    none = np.zeros(0, dtype=np.uint8)
+    iw, fw, cq = shard_scratch(tids.size)
     if prune and seed:
         for sh in shards:
             a = sh[0]
             seed_threshold(a[0], a[1], a[2], a[3], a[7], a[8], fine_block, norms, cache, tids, weights,
-                           default_params, k, block_size, tf_bits, fused, seed_exact, st)
+                           default_params, k, block_size, tf_bits, fused, seed_exact, none, st)
     for sh in shards:  # in docid order: the top-k carries the k-th score across shards
         a = sh[0]
         search_shard(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], fine_block, norms, cache, tids,
                      weights, default_params, exact, prune, k, block_size, tf_bits, fused, sh[1], sh[2], window,
-                     probe_ratio, prefetch_norms, acc, live, touched, cands, buf, st, stats)
+                     probe_ratio, prefetch_norms, acc, live, touched, cands, buf, st, stats, 0, none, iw, fw, cq)
     if st[0] > SMALL_TOPK:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
     return topk_small(buf, np.int64(st[0]), k)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def search_segments(segs, terms, weights, cache, min_q, prune, seed, seed_exact, k, probe_ratio, prefetch_norms, acc,
+                    live, touched, cands, buf, st, stats):
+    """One query over several indexes (a live index's segments, ``retrieval/live.py``) into ONE top-k: one call
+    however many segments, where a call per segment costs its dispatch, a top-k and a merge each.
+
+    ``segs`` (a numba typed List, in docid order) holds a tuple per shard of each segment: (its ``search_shard``
+    arrays, first and last doc block, norms, deleted marks (u8 per doc, or empty), the segment's first docid in
+    the shared docid space, its row of ``terms``, fine block, block size, tf bits, fused, whether the layout's
+    bounds apply (scaled to the live avgdl where it differs), window, whether to seed the threshold from it).
+    ``terms[row]`` holds the query's term ids in that segment (-1: not there), the order of ``weights`` (the
+    canonical order in every segment: their vocabularies are sorted alike); ``cache`` is the norm cache of the
+    collection's statistics, the same for every segment. Docids returned are in the shared space (a segment's
+    first docid plus its local docid). Returns as ``search_query`` does."""
+    st[0] = 0
+    st[1] = 0
+    st[2] = 0
+    exact = sum_is_exact(weights, min_q)
+    nq = weights.size
+    tids = np.empty(nq, dtype=np.int64)
+    wts = np.empty(nq, dtype=weights.dtype)
+    iw, fw, cq = shard_scratch(nq)
+    for phase in range(2):  # 0: seed the threshold from the segments marked for it; 1: search
+        if phase == 0 and not (prune and seed):
+            continue
+        for s in segs:
+            a = s[0]
+            if phase == 0 and not s[13]:
+                continue
+            row = terms[s[6]]
+            n = 0
+            for i in range(nq):
+                if row[i] >= 0:
+                    tids[n] = row[i]
+                    wts[n] = weights[i]
+                    n += 1
+            if n == 0:
+                continue
+            if phase == 0:
+                seed_threshold(a[0], a[1], a[2], a[3], a[7], a[8], s[7], s[3], cache, tids[:n], wts[:n], s[11], k,
+                               s[8], s[9], s[10], seed_exact, s[4], st)
+            else:
+                search_shard(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], s[7], s[3], cache, tids[:n],
+                             wts[:n], s[11], exact, prune, k, s[8], s[9], s[10], s[1], s[2], s[12], probe_ratio,
+                             prefetch_norms, acc, live, touched, cands, buf, st, stats, s[5], s[4], iw, fw, cq)
+    if st[0] > SMALL_TOPK:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    return topk_small(buf, np.int64(st[0]), k)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def fold_layouts(layouts, rowmaps, n_rows, block_offs):
+    """Several small indexes' search arrays (``search_shard``'s ten, each one shard) as one index whose blocks are
+    theirs side by side: index j's block b becomes block ``block_offs[j] + b``, its term t the term
+    ``rowmaps[j][t]`` of a shared vocabulary of ``n_rows`` terms (sorted as theirs are), and each term's block
+    entries are those of every index in index order (ascending blocks, as the layout has them). Postings, bounds
+    and fine bounds are copied as they are (they are block-relative), so a search of the result scores every
+    document exactly as a search of its own index, with its term metadata in one place: ten small delta segments
+    searched this way cost what one does (``search_segments``). Needs one block size, tf bits, fine block and
+    norm fusion for all."""
+    cnt = np.zeros(n_rows, dtype=np.int64)
+    n_post = 0
+    n_fine = 0
+    for j in range(len(layouts)):
+        a = layouts[j]
+        rm = rowmaps[j]
+        tp = a[1]
+        for t in range(tp.size - 1):
+            cnt[rm[t]] += np.int64(tp[t + 1]) - np.int64(tp[t])
+        n_post += a[0].size
+        n_fine += a[8].size
+    term_ptr = np.zeros(n_rows + 1, dtype=np.uint32)
+    for r in range(n_rows):
+        term_ptr[r + 1] = term_ptr[r] + cnt[r]
+    n_ent = np.int64(term_ptr[n_rows])
+    cur = term_ptr[:n_rows].astype(np.int64)
+    src_j = np.empty(n_ent, dtype=np.int64)
+    src_e = np.empty(n_ent, dtype=np.int64)
+    for j in range(len(layouts)):
+        a = layouts[j]
+        rm = rowmaps[j]
+        tp = a[1]
+        for t in range(tp.size - 1):
+            r = rm[t]
+            for e in range(np.int64(tp[t]), np.int64(tp[t + 1])):
+                src_j[cur[r]] = j
+                src_e[cur[r]] = e
+                cur[r] += 1
+    postings = np.empty(n_post, dtype=np.uint32)
+    blk_id = np.empty(n_ent, dtype=np.uint32)
+    blk_start = np.empty(n_ent + 1, dtype=np.uint32)
+    blk_maxq = np.empty(n_ent, dtype=np.float32)
+    blk_maxtf = np.empty(n_ent, dtype=np.uint32)
+    blk_minnorm = np.empty(n_ent, dtype=np.uint8)
+    fine_ptr = np.empty(n_ent + 1, dtype=np.uint32)
+    fine_maxq = np.empty(n_fine, dtype=np.float32)
+    fine_last = np.empty(n_fine, dtype=np.uint32)
+    p = 0
+    f = 0
+    for i in range(n_ent):
+        j = src_j[i]
+        e = src_e[i]
+        a = layouts[j]
+        blk_id[i] = a[2][e] + np.uint32(block_offs[j])
+        blk_start[i] = p
+        for x in range(np.int64(a[3][e]), np.int64(a[3][e + 1])):
+            postings[p] = a[0][x]
+            p += 1
+        blk_maxq[i] = a[4][e]
+        blk_maxtf[i] = a[5][e]
+        blk_minnorm[i] = a[6][e]
+        fine_ptr[i] = f
+        for x in range(np.int64(a[7][e]), np.int64(a[7][e + 1])):
+            fine_maxq[f] = a[8][x]
+            fine_last[f] = a[9][x]
+            f += 1
+    blk_start[n_ent] = p
+    fine_ptr[n_ent] = f
+    return (postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, fine_ptr, fine_maxq, fine_last)

@@ -113,9 +113,11 @@ def topk_sorted(buf: np.ndarray, st: np.ndarray, k: int) -> tuple[np.ndarray, np
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def flush_block(acc, live, idx, n, base, buf, st, k, stats, st_pushes):
+def flush_block(acc, live, idx, n, base, buf, st, k, stats, st_pushes, deleted, deleted_base):
     """Offer a window's accumulated docs (offsets from docid ``base``) to the top-k buffer and zero the
-    accumulator and the live marks; counts the docs kept in ``stats[st_pushes]``.
+    accumulator and the live marks; counts the docs kept in ``stats[st_pushes]``. A doc that ``deleted`` marks
+    (u8 per doc from ``deleted_base``, or empty) never enters: looked up only for a doc above the threshold, so
+    deletes cost next to nothing.
 
     The buffer (``buf``, 2k keys; ``st`` = [keys held, threshold key, cut yet]) takes any key above the
     threshold; when it first holds k keys, and whenever it is full, it is cut back to its k largest and the
@@ -133,7 +135,7 @@ def flush_block(acc, live, idx, n, base, buf, st, k, stats, st_pushes):
         key = heap_key(np.float32(acc[off]), base + np.int64(off))
         acc[off] = 0.0
         live[off] = 0
-        if key > thr:
+        if key > thr and not (deleted.size and deleted[deleted_base + np.int64(off)]):
             buf[held] = key
             held += np.uint64(1)
             pushes += 1
