@@ -241,10 +241,12 @@ class Generator:
     @property
     def batching(self) -> dict:
         """Engine steps run and the generation steps they advanced (their ratio: the mean batch); seconds in the
-        engine's calls and on the batcher's host work (picking tokens, stop checks)."""
+        engine's calls (of which prefills: ``prefill_s``) and on the batcher's host work (picking tokens, stop
+        checks); prompt positions prefilled, of which copied from the engine's prefix cache (``prefill_reused``)."""
         b = self._batcher
         return {"engine": type(self.engine).__name__, "steps": b.steps, "generation_steps": b.stepped,
-                "engine_s": b.engine_s, "host_s": b.host_s}
+                "engine_s": b.engine_s, "host_s": b.host_s, "prefill_s": b.prefill_s,
+                "prefill_tokens": b.prefill_tokens, "prefill_reused": b.prefill_reused}
 
     # -- attention --------------------------------------------------------------------------
     def attention(self, ids: list[int]) -> np.ndarray:
