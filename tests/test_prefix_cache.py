@@ -189,7 +189,7 @@ def test_every_method_with_the_cache_and_interleaving_equals_without_one_at_a_ti
 
 @pytest.mark.slow
 def test_real_gemma_prefill_from_the_cache_is_the_same_bits(gemma_dir):
-    """gemma-3-270m on the served prompt layout (direct exemplars, passages, question): three prompts sharing the
+    """gemma-3-270m on the served prompt layout (direct exemplars, passages, question): two prompts sharing the
     exemplars, with the cache and without, at the default chunk: the same logits bits and greedy tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -202,21 +202,19 @@ def test_real_gemma_prefill_from_the_cache_is_the_same_bits(gemma_dir):
     warm = engine_for(model, max_slots=1, max_length=1024)
     builder = PromptBuilder(load_exemplars("multihop-direct.txt"))
     passages = [("Paris", "Paris is the capital and largest city of France."),
-                ("Jane Austen", "Jane Austen was an English novelist known for Pride and Prejudice."),
-                ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level.")]
+                ("Jane Austen", "Jane Austen was an English novelist known for Pride and Prejudice.")]
     reused = []
-    for (title, text), q in zip(passages, ["What is the capital of France?", "Who wrote Emma?",
-                                            "What is the highest mountain?"]):
+    for (title, text), q in zip(passages, ["What is the capital of France?", "Who wrote Emma?"]):
         ids = tok(builder.build(q, passages=[Hit(0, "1", 1.0, title, text)])).input_ids
         a, b = cold.open(), warm.open()
         reused.append(warm.reusable(b, ids))
         la, lb = cold.prefill(a, ids), warm.prefill(b, ids)
         assert torch.equal(la, lb)
         ta, tb = [int(la.argmax())], [int(lb.argmax())]
-        for _ in range(8):
+        for _ in range(6):
             ta.append(int(cold.step([a], [ta[-1]])[0].argmax()))
             tb.append(int(warm.step([b], [tb[-1]])[0].argmax()))
         assert ta == tb
         cold.close(a)
         warm.close(b)
-    assert reused[0] == 0 and reused[1] == reused[2] >= 192  # the exemplars' whole chunks
+    assert reused[0] == 0 and reused[1] >= 192  # the exemplars' whole chunks (241 tokens)
