@@ -8,7 +8,9 @@ every answer in flight together), with a chosen decode engine.
 The index is the demo's (corpora/demo, 206 Wikipedia pages, built into --workdir on first use); the questions are
 about its pages. Each client is a closed loop: it asks its next question as soon as its answer arrives; every
 level answers the same questions (``--answers`` of them, at least one per client), after one untimed warm-up
-answer. ``mean_batch`` is the generation steps the engine steps advanced over the steps run; ``engine_s`` and
+answer (and, where the engine keeps a prefix cache, the cache emptied and one untimed answer to another question
+before each level: the exemplars' chunks are cached as on a running server, but no level finds the whole prompts of
+the questions an earlier level asked). ``mean_batch`` is the generation steps the engine steps advanced over the steps run; ``engine_s`` and
 ``batcher_host_s`` the batcher thread's seconds in the engine and on its own work (token choice, stop checks).
 Greedy answers are the same at every level (checked: a level whose answers differ from one client's is an error).
 
@@ -50,6 +52,7 @@ QUESTIONS = [
     "What is the axiom of choice?", "Who was Alexander the Great's teacher?", "What is altruism?",
     "Where is Anchorage, Alaska?", "What is the Academy Award for Best Production Design?",
 ]
+WARM_UP = "What is the capital of France?"  # asked before each level, never within one
 EXEMPLAR = ("Question: Who wrote Pride and Prejudice?\nAnswer: Pride and Prejudice was written by Jane Austen. "
             "So the answer is Jane Austen.\n")
 
@@ -121,8 +124,7 @@ def run_level(answers, clients: int, questions: list[str], options: dict, method
                 out = answers.answer(AnswerRequest(question=questions[i], method=method, options=options),
                                      time.monotonic() + 3600)
                 results[i] = out["output"]
-                timings.append({**out["timing"], "prompt_tokens": sum(st.get("prompt_tokens", 0)
-                                                                      for st in out["trace"])})
+                timings.append(out["timing"])
             except Exception as e:  # reported, not raised: the other levels still run
                 errors.append(f"{type(e).__name__}: {e}")
             latencies[i] = time.perf_counter() - t0
@@ -145,7 +147,6 @@ def run_level(answers, clients: int, questions: list[str], options: dict, method
         return round(sum(t.get(key, 0.0) for t in timings) / max(1, len(timings)), 3)
 
     per_answer = {
-        "prompt_tokens": mean("prompt_tokens"),
         "prefill_positions": round(d.get("prefill_tokens", 0) / n, 1),
         "prefill_reused": round(d.get("prefill_reused", 0) / n, 1),
         "prefill_s": round(d.get("prefill_s", 0.0) / n, 3),
@@ -215,10 +216,14 @@ def main() -> int:
         return 2
     options = {"k": args.k, "max_new_tokens": args.max_new_tokens}
     rates = [matmul_flops(args.floor_threads)]
-    run_level(answers, 1, QUESTIONS[:1], options, args.method)  # warm-up: kernels compile, caches fill
+    run_level(answers, 1, [WARM_UP], options, args.method)  # warm-up: kernels compile, caches fill
     rows = []
     reference = None
+    cache = getattr(answers.generator.engine, "prefix_cache", None)
     for clients in levels:
+        if cache is not None:
+            cache.clear()
+            run_level(answers, 1, [WARM_UP], options, args.method)
         questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(max(args.answers, clients))]
         row = run_level(answers, clients, questions, options, args.method)
         outputs = row.pop("outputs")
@@ -241,8 +246,9 @@ def main() -> int:
     if one:
         pa = one["per_answer"]
         computed = pa["prefill_positions"] - pa["prefill_reused"]
-        prefill = answer_flops(answers.generator.model.config, computed, pa["prompt_tokens"] / 2, 1, 0)
-        decode = answer_flops(answers.generator.model.config, 0, pa["prompt_tokens"], 0, pa["decode_steps"])
+        # the computed positions' mean context is at least half the prompt: a lower bound
+        prefill = answer_flops(answers.generator.model.config, computed, pa["prefill_positions"] / 2, 1, 0)
+        decode = answer_flops(answers.generator.model.config, 0, pa["prefill_positions"], 0, pa["decode_steps"])
         rate = max(rates)
         floor = {"matmul_gflops": round(rate / 1e9, 1), "matmul_gflops_runs": [round(r / 1e9, 1) for r in rates],
                  "threads": args.floor_threads, "prefill_gflop": round(prefill / 1e9, 1),

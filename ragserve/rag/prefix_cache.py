@@ -36,6 +36,12 @@ class PrefixCache:
         self.hits = 0  # chunks handed out
         self.stored = 0  # chunks stored
 
+    def clear(self) -> None:
+        """Drop every entry (the counters stay)."""
+        self._root.children.clear()
+        self._lru.clear()
+        self.nbytes = 0
+
     def __len__(self) -> int:
         return len(self._lru)
 
