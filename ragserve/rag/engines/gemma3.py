@@ -433,12 +433,16 @@ class Gemma3Engine:
         @contextlib.contextmanager
         def scope():
             want = self.threads or 1
+            torch_threads = torch.get_num_threads()  # first: numba's first call starts its pool, resetting it
             previous = numba.get_num_threads()
             numba.set_num_threads(max(1, min(want, numba.config.NUMBA_NUM_THREADS)))
             try:
                 yield
             finally:
                 numba.set_num_threads(previous)
+                # numba's OpenMP layer sets the process's OpenMP thread count, which torch's own ops use: left at
+                # numba's, every small torch op of a prefill became a parallel region (60x the CPU on a busy box)
+                torch.set_num_threads(torch_threads)
 
         return scope()
 
