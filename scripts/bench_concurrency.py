@@ -19,8 +19,8 @@ prefix cache) and the batcher's seconds prefilling them, decode steps and their 
 the level's answers: shared work divided out), and each request's mean seconds queued, retrieving and generating
 (generating includes waiting for the batcher). ``floor`` is a true lower bound on the seconds an answer costs at
 any concurrency: the FLOPs it must compute (the prefilled positions' linear layers and causal attention within the
-sliding windows, the LM head once a prefill call and once a decode step) over torch's measured f32 matmul rate on
-``--floor-threads`` threads, the best rate measured; ``floor.max_speedup`` is one client's seconds an answer over
+sliding windows, the LM head once a prefill call and once a decode step) over torch's measured f32 matmul rate, the best
+of runs on ``--floor-threads`` threads and on one, before and after the levels; ``floor.max_speedup`` is one client's seconds an answer over
 that floor, the most any number of clients could gain on this machine.
 """
 from __future__ import annotations
@@ -215,7 +215,7 @@ def main() -> int:
         print(f"bench_concurrency: {answers.status()['error']}", file=sys.stderr)
         return 2
     options = {"k": args.k, "max_new_tokens": args.max_new_tokens}
-    rates = [matmul_flops(args.floor_threads)]
+    rates = [matmul_flops(args.floor_threads), matmul_flops(1)]  # a busy box can run 2 threads slower than 1
     run_level(answers, 1, [WARM_UP], options, args.method)  # warm-up: kernels compile, caches fill
     rows = []
     reference = None
@@ -236,7 +236,7 @@ def main() -> int:
         print(f"{clients:>3} clients  {row['answers_per_s']:7.3f} answers/s  p50 {row['p50_s']:6.2f} s  "
               f"p99 {row['p99_s']:6.2f} s  mean batch {row['mean_batch']:5.2f}"
               + (f"  ERRORS {row['errors'][:2]}" if row["errors"] else ""), flush=True)
-    rates.append(matmul_flops(args.floor_threads))
+    rates += [matmul_flops(args.floor_threads), matmul_flops(1)]
     one = next((r for r in rows if r["clients"] == 1), None)
     if one:
         for r in rows:
