@@ -328,3 +328,18 @@ def test_real_gemma_greedy_equals_transformers(gemma_dir, gemma_gguf):
     engine.truncate(a, len(ids))
     both = engine.step([b, a], [int(lb.argmax()), int(la.argmax())])[1]
     assert torch.equal(alone, both)
+
+
+def test_decode_kernels_leave_torch_threads_as_they_were(tiny):
+    """numba's OpenMP pool resets the process's OpenMP thread count, which torch's ops use: after a kernel step the
+    engine sets torch's back, or every small op of the next prefill runs as a parallel region."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        engine = Gemma3Engine(tiny, max_slots=1, max_length=64)
+        s = engine.open()
+        row = engine.prefill(s, PROMPTS[0])
+        engine.step([s], [int(row.argmax())])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

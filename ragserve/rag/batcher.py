@@ -3,9 +3,11 @@ per engine step, whichever thread asked for it.
 
 A request's RAG loop stays ordinary code in its own thread; each ``Generator.generate`` hands a ``Decode`` (the
 generation's state machine) to the batcher and waits. Between steps the batcher runs the exclusive calls (an
-attention-map pass, installing an attention function), admits new generations (prefill: a request's session keeps
-its slot, so only the prompt past the prefix it already holds is prefilled) and drops finished ones; then all
-generations decoding on an engine go through ONE ``engine.step``. A row does not depend on which others share the
+attention-map pass, installing an attention function), admits new generations (a request's session keeps its slot, so
+only the prompt past the prefix it already holds is prefilled) and drops finished ones; it prefills at most
+``BatchSettings.prefill_tokens`` prompt positions (whole engine chunks, first come first served; positions the
+engine copies from its prefix cache are free), so a long prompt does not stall the answers already decoding; then
+all generations decoding on an engine go through ONE ``engine.step``. A row does not depend on which others share the
 step, so an answer is the same however requests interleave. A generation that carries its own ``contextvars``
 context (sparse attention's session) steps alone, inside that context.
 """
@@ -25,6 +27,14 @@ from ragserve.rag.decoding import Decode, Generation, GeneratorError, Sampling
 from ragserve.rag.engine import DecodeEngine
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """``prefill_tokens``: prompt positions computed between two decode steps (rounded to whole chunks of the
+    engine's ``prefill_chunk``; 0, or an engine that prefills in one pass: whole prompts). Smaller bounds how long a
+    decoding answer waits for a step; larger spends less per-call overhead."""
+    prefill_tokens: int = 128
 
 
 class DecodeSession:
@@ -48,6 +58,7 @@ class _Job:
     ephemeral: bool  # the session lives for this generation only
     ctx: contextvars.Context | None
     future: Future = field(default_factory=Future)
+    todo: list[int] = field(default_factory=list)  # prompt ids still to prefill
     next: int | None = None  # the token to feed at the next step
 
 
@@ -60,10 +71,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Batcher:
-    """``idle_s``: the thread ends after this long with nothing to do (and starts again on the next request)."""
+    """``idle_s``: the thread ends after this long with nothing to do (and starts again on the next request);
+    ``settings``: how prefills interleave with decode steps."""
 
-    def __init__(self, idle_s: float = 2.0) -> None:
+    def __init__(self, idle_s: float = 2.0, settings: BatchSettings | None = None) -> None:
         self.idle_s = idle_s
+        self.settings = settings or BatchSettings()
+        if self.settings.prefill_tokens < 0:
+            raise GeneratorError("prefill_tokens must be >= 0")
         self._cond = threading.Condition()
         self._new: deque[_Job] = deque()
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
@@ -73,6 +88,9 @@ class Batcher:
         self.steps = 0  # engine steps run
         self.stepped = 0  # generation steps they advanced (stepped / steps: the mean batch)
         self.engine_s = 0.0  # seconds in the engines' prefill and step calls
+        self.prefill_s = 0.0  # of which prefill calls
+        self.prefill_tokens = 0  # prompt positions prefilled
+        self.prefill_reused = 0  # of which copied from an engine's prefix cache
         self.host_s = 0.0  # seconds picking tokens and checking stops (the rows' log-softmax, the detokenizing)
 
     # -- the requests' side ---------------------------------------------------------------------
@@ -112,14 +130,15 @@ class Batcher:
     # -- the batcher thread ---------------------------------------------------------------------
     def _run(self) -> None:
         active: list[_Job] = []
+        prefilling: list[_Job] = []  # admitted, their prompts partly prefilled (first come first served)
         waiting: list[_Job] = []  # admitted once a slot of their engine frees up
         try:
             with torch.inference_mode():
-                self._loop(active, waiting)
+                self._loop(active, prefilling, waiting)
         except BaseException as e:  # a bug here must not leave callers waiting forever
             with self._cond:
                 self._thread = None
-                jobs = active + waiting + list(self._new)
+                jobs = active + prefilling + waiting + list(self._new)
                 calls, self._new, self._calls = list(self._calls), deque(), deque()
             for job in jobs:
                 if not job.future.done():
@@ -128,10 +147,10 @@ class Batcher:
                 fut.set_exception(e)
             raise
 
-    def _loop(self, active: list[_Job], waiting: list[_Job]) -> None:
+    def _loop(self, active: list[_Job], prefilling: list[_Job], waiting: list[_Job]) -> None:
         while True:
             with self._cond:
-                while not (self._new or self._calls or active or (waiting and self._freed)):
+                while not (self._new or self._calls or active or prefilling or (waiting and self._freed)):
                     if not self._cond.wait(self.idle_s) and not (self._new or self._calls):
                         if not waiting:
                             self._thread = None
@@ -152,16 +171,15 @@ class Batcher:
                 except Exception as e:  # this generation fails; the others go on
                     self._fail(job, e)
                     continue
-                if job.next is None:
-                    self._finish(job)
-                else:
-                    active.append(job)
+                prefilling.append(job)
             waiting[:] = still
+            if prefilling:
+                self._prefill(prefilling, active)
             if active:
                 active[:] = self._step(active)
 
     def _admit(self, job: _Job) -> None:
-        """Open (or reuse) the slot and prefill the prompt past the prefix the slot already holds."""
+        """Open (or reuse) the slot and keep the prefix of the prompt the slot already holds."""
         s, engine, ids = job.session, job.engine, job.decode.ids
         if s.slot is None:
             s.slot, s.engine, s.cached = engine.open(), engine, []
@@ -169,13 +187,65 @@ class Batcher:
         keep = min(common_prefix(s.cached, ids), len(ids) - 1)
         engine.truncate(s.slot, keep)
         s.cached = s.cached[:keep]
-        t0 = time.perf_counter()
-        row = self._in(job, engine.prefill, s.slot, ids[keep:])
-        t1 = time.perf_counter()
-        s.cached = list(ids)
-        job.next = job.decode.feed(row)
-        self.engine_s += t1 - t0
-        self.host_s += time.perf_counter() - t1
+        job.todo = list(ids[keep:])
+
+    def _prefill(self, prefilling: list[_Job], active: list[_Job]) -> None:
+        """Prefill up to the settings' budget of positions, the earliest admitted first; a prompt done joins
+        ``active`` (or finishes)."""
+        unlimited, budget = not self.settings.prefill_tokens, self.settings.prefill_tokens
+        while prefilling and (unlimited or budget > 0):
+            job = prefilling[0]
+            s, engine = job.session, job.engine
+            t0 = time.perf_counter()
+            try:
+                n, reused = self._piece(job, budget)
+                last = n == len(job.todo)
+                if last:
+                    row = self._in(job, engine.prefill, s.slot, job.todo)
+                else:
+                    self._in(job, lambda ids: engine.prefill(s.slot, ids, logits=False), job.todo[:n])
+            except Exception as e:
+                prefilling.pop(0)
+                self._fail(job, e)
+                continue
+            t1 = time.perf_counter()
+            self.engine_s += t1 - t0
+            self.prefill_s += t1 - t0
+            self.prefill_tokens += n
+            self.prefill_reused += reused
+            budget -= n - reused
+            s.cached += job.todo[:n]
+            job.todo = job.todo[n:]
+            if last:
+                prefilling.pop(0)
+                self._started(job, row, active)
+                self.host_s += time.perf_counter() - t1
+
+    def _started(self, job: _Job, row: torch.Tensor, active: list[_Job]) -> None:
+        """The prompt's logits are in: the first token, then the job decodes (or is already done)."""
+        try:
+            job.next = job.decode.feed(row)
+        except Exception as e:
+            self._fail(job, e)
+            return
+        if job.next is None:
+            self._finish(job)
+        else:
+            active.append(job)
+
+    def _piece(self, job: _Job, budget: int) -> tuple[int, int]:
+        """How many of the job's remaining prompt ids to prefill now, ending on a chunk boundary unless they are
+        the last (at least one chunk's worth); and how many of those the engine copies from its prefix cache."""
+        engine, todo = job.engine, job.todo
+        chunk = engine.prefill_chunk
+        if not chunk or not self.settings.prefill_tokens:
+            return len(todo), 0
+        reused = self._in(job, engine.reusable, job.session.slot, todo)
+        start = engine.length(job.session.slot)
+        stop = (start + reused + max(budget, 1)) // chunk * chunk
+        if stop <= start + reused:
+            stop = ((start + reused) // chunk + 1) * chunk
+        return min(len(todo), stop - start), reused
 
     def _step(self, active: list[_Job]) -> list[_Job]:
         """One token for every active generation: one ``engine.step`` per engine (a generation with its own

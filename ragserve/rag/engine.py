@@ -4,23 +4,44 @@ Each request holds a slot (its own KV cache). ``step`` advances several slots by
 concurrent answers share the weight reads; a row's logits never depend on which other slots share the step
 (batch-invariant), so an answer is the same token for token whatever else is decoding. Implementations: the
 reference over any transformers model, and fast ones per architecture, chosen by ``engine_for``.
+
+A prefill may run in chunks of ``prefill_chunk`` positions aligned to multiples of it (0: whole, in one pass). The
+chunks are the same whichever call feeds them, so a prompt prefilled in several calls that end on chunk boundaries,
+or from a cached prefix that ends on one, gets the same bits as one call over the whole prompt.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
 
+@dataclass(frozen=True)
+class PrefillSettings:
+    """How an engine prefills. ``chunk``: positions computed in one pass, aligned to multiples of it (the unit
+    of the prefix cache; small enough to interleave with decode steps, large enough for efficient matmuls).
+    ``prefix_cache_bytes``: KV of whole prompt chunks kept for later prompts that start with the same tokens
+    (least recently used dropped first; 0: no cache)."""
+    chunk: int = 64
+    prefix_cache_bytes: int = 128 << 20
+
+
 class DecodeEngine(Protocol):
     max_slots: int  # slots open at once
     max_length: int  # positions a slot's cache holds
+    prefill_chunk: int  # a prefill's chunks are aligned to multiples of this (0: one pass)
 
     def open(self) -> int:
         """A free slot with an empty cache (raises ``GeneratorError`` when all are taken)."""
 
-    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
-        """Append ``ids`` to the slot's cache; the fp32 logits after the last of them, shape [vocab]."""
+    def prefill(self, slot: int, ids: Sequence[int], logits: bool = True) -> torch.Tensor | None:
+        """Append ``ids`` to the slot's cache; the fp32 logits after the last of them, shape [vocab] (None when
+        ``logits`` is false: a part of a prompt whose logits nobody reads)."""
+
+    def reusable(self, slot: int, ids: Sequence[int]) -> int:
+        """How many leading ``ids`` a prefill appending them to the slot would copy from a cache of earlier
+        prompts' prefixes rather than compute (0 for an engine without one)."""
 
     def step(self, slots: Sequence[int], ids: Sequence[int]) -> torch.Tensor:
         """One token for each slot in one forward pass: fp32 logits, shape [len(slots), vocab]."""

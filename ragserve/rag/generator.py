@@ -18,7 +18,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ragserve.rag.batcher import Batcher, DecodeSession
+from ragserve.rag.batcher import Batcher, BatchSettings, DecodeSession
 from ragserve.rag.decoding import (STOP_MODES, Decode, Generation, GeneratorError, Sampling,  # noqa: F401
                                    spans_from_lengths, stop_point)
 from ragserve.rag.engines import engine_for
@@ -42,12 +42,15 @@ def resolve_device(device: str) -> str:
 class Generator:
     def __init__(self, model: str, device: str = "auto", dtype: str = "auto", temperature: float = 0.0,
                  seed: int = 0, threads: int = 0, attention: str | None = None, budget: int | None = None,
-                 engine: str = "auto", max_slots: int = 8, **attention_options) -> None:
+                 engine: str = "auto", max_slots: int = 8, batch: BatchSettings | None = None,
+                 engine_options: dict | None = None, **attention_options) -> None:
         """``threads`` > 0 sets torch's (process-wide) CPU thread count: one thread is fastest for small
         models on a shared machine, where spinning threads compete for cores. ``attention``: decode with this
         sparse attention method (``ragserve.attention``) and token ``budget``, prefill staying dense; options such
         as ``page_size`` go to the method. ``engine``: the decode engine (``ragserve.rag.engines.ENGINE_KINDS``),
-        ``max_slots`` the generations (or sessions) it holds at once; more wait for a free slot."""
+        ``max_slots`` the generations (or sessions) it holds at once; more wait for a free slot; ``engine_options``
+        go to the fast engine (the Gemma 3 engine's ``prefill``: its ``PrefillSettings``, ...). ``batch``: how the
+        batcher interleaves prefills with decode steps."""
         if problem := model_path_problem(model):
             raise GeneratorError(problem)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,18 +72,20 @@ class Generator:
             self.model = AutoModelForCausalLM.from_pretrained(model_dir(model), dtype=self.dtype)
         except (OSError, ValueError) as e:
             raise GeneratorError(f"cannot load a causal LM from {model!r}: {e}") from e
-        self._setup(model, temperature, seed, engine, max_slots)
+        self._setup(model, temperature, seed, engine, max_slots, batch, engine_options)
         if attention is not None:
             self.attention_method = self.sparse_method(attention, budget, **attention_options)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, device: str | None = None, temperature: float = 0.0,
                    seed: int = 0, name: str = "", attention: str | None = None, budget: int | None = None,
-                   engine: str = "auto", max_slots: int = 8, **attention_options) -> "Generator":
+                   engine: str = "auto", max_slots: int = 8, batch: BatchSettings | None = None,
+                   engine_options: dict | None = None, **attention_options) -> "Generator":
         """Wrap a causal LM already built in memory and its tokenizer, e.g. a randomly initialised model made
         with ``from_config`` straight on the GPU, where saving and reloading billions of weights would only cost
         time. The model keeps its dtype; ``device`` (default: where its weights are) is where it runs.
-        ``attention``, ``budget``, ``engine``, ``max_slots`` and the options: as for the constructor."""
+        ``attention``, ``budget``, ``engine``, ``max_slots``, ``batch``, ``engine_options`` and the options: as for
+        the constructor."""
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "generation_config"):
             raise GeneratorError("model must be a transformers causal LM (a PreTrainedModel that can generate)")
         if not callable(tokenizer) or not hasattr(tokenizer, "decode"):
@@ -92,21 +97,22 @@ class Generator:
         self.device = resolve_device(device) if device else str(param.device)
         self.dtype = param.dtype
         self.tokenizer, self.model = tokenizer, model
-        self._setup(name or type(model).__name__, temperature, seed, engine, max_slots)
+        self._setup(name or type(model).__name__, temperature, seed, engine, max_slots, batch, engine_options)
         if attention is not None:
             self.attention_method = self.sparse_method(attention, budget, **attention_options)
         return self
 
-    def _setup(self, name: str, temperature: float, seed: int, engine: str, max_slots: int) -> None:
+    def _setup(self, name: str, temperature: float, seed: int, engine: str, max_slots: int,
+               batch: BatchSettings | None = None, engine_options: dict | None = None) -> None:
         """What both constructors share once ``model`` and ``tokenizer`` are set."""
         self.model.to(self.device).eval()
         self.name = name
         self.temperature = temperature
         self.sampling = Sampling(temperature=temperature)  # a request without its own choices
         self._rng = torch.Generator(device=self.device).manual_seed(seed)  # their random stream
-        self.engine = engine_for(self.model, self.device, kind=engine, max_slots=max_slots)
+        self.engine = engine_for(self.model, self.device, kind=engine, max_slots=max_slots, **(engine_options or {}))
         self._sparse_engine = None  # the reference engine of sparse-attention decodes (the HF model's attention)
-        self._batcher = Batcher()
+        self._batcher = Batcher(settings=batch)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
         if self.max_positions is None or self.engine.max_length < self.max_positions:
             self.max_positions = self.engine.max_length
@@ -241,10 +247,12 @@ class Generator:
     @property
     def batching(self) -> dict:
         """Engine steps run and the generation steps they advanced (their ratio: the mean batch); seconds in the
-        engine's calls and on the batcher's host work (picking tokens, stop checks)."""
+        engine's calls (of which prefills: ``prefill_s``) and on the batcher's host work (picking tokens, stop
+        checks); prompt positions prefilled, of which copied from the engine's prefix cache (``prefill_reused``)."""
         b = self._batcher
         return {"engine": type(self.engine).__name__, "steps": b.steps, "generation_steps": b.stepped,
-                "engine_s": b.engine_s, "host_s": b.host_s}
+                "engine_s": b.engine_s, "host_s": b.host_s, "prefill_s": b.prefill_s,
+                "prefill_tokens": b.prefill_tokens, "prefill_reused": b.prefill_reused}
 
     # -- attention --------------------------------------------------------------------------
     def attention(self, ids: list[int]) -> np.ndarray:

@@ -14,7 +14,10 @@ does. Decode differs by device:
   the shapes are always the same.
 
 The caches are preallocated ``[slots, kv heads, max_length (+1 spare), head dim]`` per layer; ``truncate`` only
-moves a slot's length, so a prompt prefix kept across retrieval rounds is not recomputed.
+moves a slot's length, so a prompt prefix kept across retrieval rounds is not recomputed. A prefill runs in chunks
+aligned to multiples of ``PrefillSettings.chunk`` positions, the same chunks however the prompt arrives, and keeps
+each whole chunk's KV in a ``PrefixCache``: a later prompt that starts with the same chunks (a method's instruction
+and exemplars) copies them instead of computing them, bit for bit what it would have computed.
 """
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ragserve.rag.engine import PrefillSettings
 from ragserve.rag.engines.quantized import QuantMatrix, read_gguf
+from ragserve.rag.prefix_cache import PrefixCache
 
 MODEL_TYPES = ("gemma3_text",)
 # GGUF tensor names of each layer's projections, by the transformers module they replace.
@@ -125,11 +130,12 @@ class Gemma3Engine:
     any. ``threads``: numba threads of the CPU decode kernels (0: one, which a busy core cannot stall; see
     ``ragserve.kernels.cpu.decode``); prefill uses torch's own threads. ``graphs``: the
     capture/replay driver of the CUDA step (default ``CudaGraphs`` on CUDA; None elsewhere: the static step runs
-    eagerly), used whenever ``dense_step`` is on, which it is on CUDA and for weights other than f32."""
+    eagerly), used whenever ``dense_step`` is on, which it is on CUDA and for weights other than f32.
+    ``prefill``: the prefill's chunk and prefix cache (``PrefillSettings``)."""
 
     def __init__(self, model: torch.nn.Module, device: str | None = None, max_slots: int = 4,
                  max_length: int = 4096, gguf: str | Path | None = None, threads: int = 0,
-                 graphs=None, dense_step: bool | None = None) -> None:
+                 graphs=None, dense_step: bool | None = None, prefill: PrefillSettings | None = None) -> None:
         cfg = model.config
         if getattr(cfg, "model_type", None) not in MODEL_TYPES:
             raise _error(f"Gemma3Engine serves {MODEL_TYPES}, not {getattr(cfg, 'model_type', None)!r}")
@@ -138,6 +144,12 @@ class Gemma3Engine:
             raise _error("Gemma3Engine: attention soft-capping and bidirectional attention are not supported")
         if max_slots < 1 or max_length < 2:
             raise _error("max_slots must be >= 1 and max_length >= 2")
+        settings = prefill or PrefillSettings()
+        if settings.chunk < 1 or settings.prefix_cache_bytes < 0:
+            raise _error("the prefill chunk must be >= 1 position and the prefix cache >= 0 bytes")
+        self.prefill_chunk = settings.chunk
+        self.prefix_cache = PrefixCache(settings.chunk, settings.prefix_cache_bytes) \
+            if settings.prefix_cache_bytes else None
         param = next(model.parameters())
         self.device = torch.device(device) if device else param.device
         self.dtype = param.dtype
@@ -170,6 +182,11 @@ class Gemma3Engine:
         self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         self.lengths = [0] * max_slots
+        self.tokens: list[list[int]] = [[] for _ in range(max_slots)]  # each slot's cached ids (prefix cache keys)
+        # Each slot's leading positions that hold what one prefill of its tokens from position 0 computes (a chunk
+        # boundary): only there may cached chunks be copied or computed ones kept. Decode steps, and a prefill
+        # starting inside a chunk, compute their positions differently.
+        self.exact = [0] * max_slots
         self.free = list(range(max_slots))
         self.is_open = [False] * max_slots
         self.threads = threads
@@ -232,7 +249,10 @@ class Gemma3Engine:
             read = sum(x.nbytes for x in (*self.kq, *self.ko, *self.kgu, *self.kd, self.khead))
         return {"engine": "gemma3", "device": str(self.device), "weights": self.weights,
                 "step": ("graph" if self.graphs is not None else "static") if self.dense_step else "kernels",
-                "max_slots": self.max_slots, "max_length": self.max_length, "decode_weight_bytes": read}
+                "max_slots": self.max_slots, "max_length": self.max_length, "decode_weight_bytes": read,
+                "prefill_chunk": self.prefill_chunk, "prefix_cache": None if self.prefix_cache is None else {
+                    "chunks": len(self.prefix_cache), "bytes": self.prefix_cache.nbytes,
+                    "hits": self.prefix_cache.hits, "stored": self.prefix_cache.stored}}
 
     # -- slots ------------------------------------------------------------------------------
     def open(self) -> int:
@@ -241,6 +261,8 @@ class Gemma3Engine:
         slot = self.free.pop(0)
         self.is_open[slot] = True
         self.lengths[slot] = 0
+        self.tokens[slot] = []
+        self.exact[slot] = 0
         return slot
 
     def _check(self, slot: int) -> None:
@@ -256,6 +278,8 @@ class Gemma3Engine:
         if not 0 <= length <= self.lengths[slot]:
             raise _error(f"cannot truncate slot {slot} of {self.lengths[slot]} positions to {length}")
         self.lengths[slot] = length
+        del self.tokens[slot][length:]
+        self.exact[slot] = min(self.exact[slot], length - length % self.prefill_chunk)
 
     def close(self, slot: int) -> None:
         self._check(slot)
@@ -265,16 +289,57 @@ class Gemma3Engine:
 
     # -- prefill ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, slot: int, ids: Sequence[int], logits: bool = True) -> torch.Tensor | None:
         self._check(slot)
         n, start = len(ids), self.lengths[slot]
         if n < 1:
             raise _error("prefill needs at least one token")
         if start + n > self.max_length:
             raise _error(f"{start + n} positions exceed the engine's {self.max_length}")
-        h = self._prefill_hidden(slot, start, torch.tensor(list(ids), device=self.device))
-        self.lengths[slot] = start + n
-        return self._logits(h[-1:])[0]
+        c, end = self.prefill_chunk, start + n
+        tokens = self.tokens[slot] + [int(t) for t in ids]
+        exact = start == self.exact[slot]
+        pos = start + (self._copy_cached(slot, tokens, start, end) if exact else 0)
+        h = None
+        while pos < end:
+            stop = min(end, (pos // c + 1) * c)  # the next chunk boundary: the same chunks however ids arrive
+            h = self._prefill_hidden(slot, pos, torch.tensor(tokens[pos:stop], device=self.device))
+            if exact and stop % c == 0 and self.prefix_cache is not None:
+                self._store(slot, tokens, stop // c - 1)
+            pos = stop
+        self.lengths[slot] = end
+        self.tokens[slot] = tokens
+        if exact:
+            self.exact[slot] = end - end % c
+        return self._logits(h[-1:])[0] if logits else None
+
+    def reusable(self, slot: int, ids: Sequence[int]) -> int:
+        self._check(slot)
+        start = self.lengths[slot]
+        if self.prefix_cache is None or not ids or start != self.exact[slot]:
+            return 0
+        return self.prefix_cache.covered(self.tokens[slot] + [int(t) for t in ids], start, start + len(ids) - 1)
+
+    def _copy_cached(self, slot: int, tokens: list[int], start: int, end: int) -> int:
+        """Copy the cached chunks of ``tokens`` from ``start`` into the slot; the positions copied. The last
+        position is always computed: its hidden state gives the logits."""
+        if self.prefix_cache is None:
+            return 0
+        pos = start
+        for k, v in self.prefix_cache.lookup(tokens, start, end - 1):
+            stop = pos + self.prefill_chunk
+            for i in range(len(self.layers)):
+                self.k_cache[i][slot, :, pos:stop] = k[i]
+                self.v_cache[i][slot, :, pos:stop] = v[i]
+            pos = stop
+        return pos - start
+
+    def _store(self, slot: int, tokens: list[int], index: int) -> None:
+        c = self.prefill_chunk
+        lo, hi = index * c, (index + 1) * c
+        k = torch.stack([cache[slot, :, lo:hi] for cache in self.k_cache])
+        v = torch.stack([cache[slot, :, lo:hi] for cache in self.v_cache])
+        self.prefix_cache.store(tokens, index, (k, v), k.nbytes + v.nbytes)
 
     def _prefill_hidden(self, slot: int, start: int, ids: torch.Tensor, attention_layer: int | None = None,
                         maps: list | None = None) -> torch.Tensor:
@@ -355,8 +420,9 @@ class Gemma3Engine:
             if self.lengths[s] >= self.max_length:
                 raise _error(f"slot {s} is full ({self.max_length} positions)")
         out = self._step_dense(slots, ids) if self.dense_step else self._step_kernels(slots, ids)
-        for s in slots:
+        for s, t in zip(slots, ids):
             self.lengths[s] += 1
+            self.tokens[s].append(int(t))
         return out
 
     def _threads(self):
@@ -367,12 +433,16 @@ class Gemma3Engine:
         @contextlib.contextmanager
         def scope():
             want = self.threads or 1
+            torch_threads = torch.get_num_threads()  # first: numba's first call starts its pool, resetting it
             previous = numba.get_num_threads()
             numba.set_num_threads(max(1, min(want, numba.config.NUMBA_NUM_THREADS)))
             try:
                 yield
             finally:
                 numba.set_num_threads(previous)
+                # numba's OpenMP layer sets the process's OpenMP thread count, which torch's own ops use: left at
+                # numba's, every small torch op of a prefill became a parallel region (60x the CPU on a busy box)
+                torch.set_num_threads(torch_threads)
 
         return scope()
 

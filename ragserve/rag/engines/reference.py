@@ -17,6 +17,8 @@ DEFAULT_MAX_LENGTH = 1 << 20  # a model without max_position_embeddings
 
 
 class ReferenceEngine:
+    prefill_chunk = 0  # a prefill is one forward pass
+
     def __init__(self, model: torch.nn.Module, device: str, max_slots: int = 32, max_length: int | None = None) -> None:
         from transformers import DynamicCache
 
@@ -50,8 +52,12 @@ class ReferenceEngine:
         return out.logits[0, -1].float()
 
     @torch.inference_mode()
-    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
-        return self._forward(slot, ids)
+    def prefill(self, slot: int, ids: Sequence[int], logits: bool = True) -> torch.Tensor | None:
+        row = self._forward(slot, ids)
+        return row if logits else None
+
+    def reusable(self, slot: int, ids: Sequence[int]) -> int:
+        return 0  # no cache of other prompts' prefixes
 
     @torch.inference_mode()
     def step(self, slots: Sequence[int], ids: Sequence[int]) -> torch.Tensor:
