@@ -4,7 +4,7 @@
 # once, then runs phase N's measurements into $OUT. Each step has its own time limit so that one that hangs does
 # not cost the others; its log tail is kept in $OUT/phaseN.log.
 set -u
-N=${1:?phase 1-2}
+N=${1:?phase 1-3}
 export PYTHONUNBUFFERED=1
 H=/tmp/h200
 mkdir -p "$H/parts" "$H/site" "$OUT"
@@ -48,6 +48,10 @@ case "$N" in
       ( cd .carry/layout && PYTHONPATH=$H/site:$PWD step 75 python3 -m pytest -q -p no:cacheprovider \
           --continue-on-collection-errors -m gpu tests )
     fi ;;
-*)  echo "phase must be 1-2" >&2; exit 2 ;;
+3)  # what phase 2 left: the CUDA tests first (the gpu backend's, then the rest), then the methods it skipped
+    step 110 python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/test_gpu_backend.py
+    step 420 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
+        --methods dragin,two-stage,fixed-length,none --deadline-s 400 --out "$OUT/rag_scale_fast_h200_rest.json" ;;
+*)  echo "phase must be 1-3" >&2; exit 2 ;;
 esac
 echo "== $(date +%T) phase $N done" | tee -a "$LOG"
