@@ -40,7 +40,7 @@ case "$N" in
     # every method, cpu and gpu backends (fpga MODELLED from the cpu run), 10 questions a cell, served at 8 clients
     # (a fresh machine builds the layout first, ~1 min); then the CUDA tests (modules whose packages the image
     # lacks, e.g. openai, fail to collect and are reported, the rest run)
-    step 420 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
+    step 370 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
         --deadline-s 390 --out "$OUT/rag_scale_fast_h200.json"
     step 80 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests
     if [ -d .carry/layout ]; then  # a branch's tree carried beside (its CUDA tests before it merges)
@@ -50,8 +50,8 @@ case "$N" in
     fi ;;
 3)  # what phase 2 left: the CUDA tests first (the gpu backend's, then the rest), then the methods it skipped
     step 110 python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/test_gpu_backend.py
-    step 420 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
-        --methods dragin,two-stage,fixed-length,none --deadline-s 400 --out "$OUT/rag_scale_fast_h200_rest.json" ;;
+    step 370 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
+        --methods dragin,two-stage,fixed-length,none --deadline-s 350 --out "$OUT/rag_scale_fast_h200_rest.json" ;;
 *)  echo "phase must be 1-3" >&2; exit 2 ;;
 esac
 echo "== $(date +%T) phase $N done" | tee -a "$LOG"
