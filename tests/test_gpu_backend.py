@@ -739,7 +739,7 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
     step = relevancy.sample_step
     monkeypatch.setattr(relevancy, "sample_step", lambda *a: (steps.append(step(*a)), steps[-1])[1])
     g = GpuBackend(reader, scorer="cuda", max_batch=32, term_order=term_order, settings=settings)
-    assert g.describe()["tile_scorer"] == "cuda" and g._tiles.n_tiles > 50
+    assert g.describe()["scorer"] == "cuda" and g._tiles.n_tiles > 50
     filtered = []
     kn = g._tiles.kernels
     run_filter = kn.filter
