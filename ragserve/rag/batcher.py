@@ -222,7 +222,8 @@ class Batcher:
                 self.host_s += time.perf_counter() - t1
 
     def _started(self, job: _Job, row: torch.Tensor, active: list[_Job]) -> None:
-        """The prompt's logits are in: the first token, then the job decodes (or is already done)."""
+        """A row of logits is in (the prompt's, or a step's): the next token, then the job goes on decoding in
+        ``active`` (or is done, or failed)."""
         try:
             job.next = job.decode.feed(row)
         except Exception as e:
@@ -269,15 +270,7 @@ class Batcher:
             self.stepped += len(jobs)
             for j, row in zip(jobs, rows):
                 j.session.cached.append(j.next)
-                try:
-                    j.next = j.decode.feed(row)
-                except Exception as e:
-                    self._fail(j, e)
-                    continue
-                if j.next is None:
-                    self._finish(j)
-                else:
-                    still.append(j)
+                self._started(j, row, still)  # the same hand-over as the prompt's logits: feed, fail or finish
             self.host_s += time.perf_counter() - t1
         return still
 

@@ -139,16 +139,21 @@ def _write_pass(scores, stride, n, k, state, counts, nblocks, out_idx, out_val, 
     tl.store(out_val + row * k + slot, x, mask=keep)
 
 
-def radix_topk(scores: torch.Tensor, k: int, sort: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k of each row of ``scores`` [R, N] (f32): (indices int64, values) [R, min(k, N)], best first
-    (ties: the earlier position), as ``selection.topk_rows``. ``sort=False`` leaves them in the order above
-    the k-th value, then equal to it, each by position (the same set)."""
+def _rows(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
+    """``scores`` as contiguous f32 rows [R, N] and k clamped to N (both selections take any 1- or 2-d input)."""
     s = scores if scores.dim() == 2 else scores[None]
     s = s.float()
     if s.stride(-1) != 1:
         s = s.contiguous()
+    return s, min(int(k), s.shape[1])
+
+
+def radix_topk(scores: torch.Tensor, k: int, sort: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of each row of ``scores`` [R, N] (f32): (indices int64, values) [R, min(k, N)], best first
+    (ties: the earlier position), as ``selection.topk_rows``. ``sort=False`` leaves them in the order above
+    the k-th value, then equal to it, each by position (the same set)."""
+    s, k = _rows(scores, k)
     rows, n = s.shape
-    k = min(int(k), n)
     dev = s.device
     if k <= 0:
         return torch.zeros((rows, 0), dtype=torch.int64, device=dev), s[:, :0]
@@ -318,12 +323,8 @@ def bucket_topk(scores: torch.Tensor, k: int, sort: bool = True, s: BucketSettin
     a few times k on spread scores), and one program a row that selects the k among them. ``sort=False`` leaves
     the k in position order. Rows of up to 2^31 scores. Indices count from ``offset`` (a range's scores: no
     launch to shift them)."""
-    x = scores if scores.dim() == 2 else scores[None]
-    x = x.float()
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    x, k = _rows(scores, k)
     rows, n = x.shape
-    k = min(int(k), n)
     dev = x.device
     if k <= 0:
         return torch.zeros((rows, 0), dtype=torch.int64, device=dev), x[:, :0]
