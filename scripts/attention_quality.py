@@ -25,7 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ragserve.attention import get_method
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ragserve.attention import get_method  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = ROOT.parent / "shared" / "data" / "enwiki-wikiextractor-json-sample" / "wiki_00"
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.time() - t0, "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.write_text(json.dumps(stamp(result), indent=1) + "\n")  # with the tree measured
     print("| method | sink | budget | mass recall (p10) | rel. L2 error (p90) | max abs error | tokens attended |")
     print("|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["sink"], r["budget_tokens"], METHODS.index(r["method"]))):

@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragserve.attention import AttentionError, get_method  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = ROOT.parent / "shared" / "data" / "enwiki-wikiextractor-json-sample" / "wiki_00"
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                        "rel_err": float(np.mean(err)), "read_seconds": round(read_s, 1)}
                 result["rows"].append(row)
                 print(json.dumps(row), flush=True)
-        args.out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+        args.out.write_text(json.dumps(stamp(result), separators=(",", ":")) + "\n")  # with the tree measured
     return 0
 
 

@@ -24,7 +24,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from ragserve.server.documents import LiveMaintenance  # noqa: E402
 from ragserve.topics import read_queries  # noqa: E402
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 
 class Pinned:
@@ -76,14 +76,6 @@ def latencies(searchers: dict, queries: list[str], passes: int) -> dict:
     return out
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except OSError:
-        return "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=1_000_000, help="passages in the base index (default 1M)")
@@ -97,7 +89,7 @@ def main() -> int:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     n, n_add = args.docs, args.docs // 100
-    res: dict = {"benchmark": "live index", "docs": n, "added": n_add, "rounds": args.rounds, "commit": commit(),
+    res: dict = {"benchmark": "live index", "docs": n, "added": n_add, "rounds": args.rounds,
                  "machine": f"{cpu_model()}, {os.cpu_count()} CPUs", "load_start": round(os.getloadavg()[0], 2),
                  "command": " ".join(sys.argv)}
 
@@ -213,6 +205,7 @@ def main() -> int:
     print(f"refresh latency: {res['refresh_latency']}", flush=True)
     live.close()
     res["load_end"] = round(os.getloadavg()[0], 2)
+    res = stamp(res)  # the tree measured: commit, dirty, and its files' hash (a copy's .git can be stale)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, separators=(",", ":")) + "\n")

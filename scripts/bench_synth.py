@@ -1,10 +1,13 @@
 """Throughput of ``indexer.synth.write_corpus`` (passages/s written to disk), per worker count and compression.
 
-    .venv/bin/python scripts/bench_synth.py --docs 1000000 --workers 1 2
+    .venv/bin/python scripts/bench_synth.py --docs 1000000 --workers 1 2 [--json out.json]
+
+``--json`` also writes the rows, with the machine and the tree measured (``tools/provenance.py``).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -15,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from indexer.synth import Synthesizer, WIKI_PARAMS, write_corpus  # noqa: E402
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 
 def main() -> int:
@@ -23,7 +27,10 @@ def main() -> int:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     ap.add_argument("--gzip", action="store_true", help="also measure .jsonl.gz output")
     ap.add_argument("--dir", help="where to write (default: a temporary directory)")
+    ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    rows = []
+    load_start = round(os.getloadavg()[0], 2)
     Synthesizer(WIKI_PARAMS).chunk(0, 1)  # JIT compile / load the numba cache outside the timing
     print(f"host: {cpu_model()}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
@@ -37,7 +44,14 @@ def main() -> int:
                 print(f"{suffix:<10} workers={workers:<3} {stats.docs:,} passages in {wall:.2f} s: "
                       f"{stats.docs / wall:,.0f} passages/s, {stats.bytes / wall / 1e6:,.0f} MB/s of JSONL "
                       f"(cpu {cpu:.2f} s, file {out.stat().st_size / 1e6:,.0f} MB)")
+                rows.append({"output": suffix, "workers": workers, "passages": stats.docs, "wall_s": round(wall, 3),
+                             "cpu_s": round(cpu, 3), "file_MB": round(out.stat().st_size / 1e6, 1)})
                 out.unlink()
+    if args.json:
+        report = {"benchmark": "synthetic corpus writer", "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
+                  "load_start": load_start, "load_end": round(os.getloadavg()[0], 2), "command": " ".join(sys.argv),
+                  "rows": rows}
+        Path(args.json).write_text(json.dumps(stamp(report), separators=(",", ":")) + "\n")
     return 0
 
 

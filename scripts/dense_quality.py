@@ -37,6 +37,7 @@ from ragserve.retrieval.hybrid import FusionOptions, HybridSearcher  # noqa: E40
 from ragserve.retrieval.rerank import BiEncoderReranker  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from tools.machine import cpu_model  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 DEPTH = 100
 SUPPORT_K = (2, 5, 10, 20)
@@ -178,7 +179,7 @@ def main() -> None:
         "hotpotqa": hotpot(args, embedder),
     }
     report["seconds"] = time.perf_counter() - t0
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(stamp(report), indent=1) + "\n")  # with the tree measured
     log(f"wrote {args.out}")
 
 

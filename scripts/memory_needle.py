@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 from ragserve.memory.reader import MemoryContext, MemoryOptions  # noqa: E402
 from ragserve.retrieval.embedder import Embedder  # noqa: E402
 from tools.needle import build_haystack  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 KS = (1, 5, 10)
 
@@ -123,7 +124,7 @@ def main() -> None:
                   + " ".join(f"recall@{k} {c[f'recall@{k}']:.3f}" for k in KS), flush=True)
         report["runs"].append(row)
         if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+            Path(args.json).write_text(json.dumps(stamp(report), indent=1) + "\n")  # with the tree measured
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragserve.rag.metrics import first_line_answer, score_answer  # noqa: E402
+from tools.provenance import stamp  # noqa: E402
 
 
 def first_generation(steps: list[dict]) -> dict:
@@ -158,7 +159,7 @@ def main() -> int:
                                 "values": [r["value"] for r in rows]}
         print(f"{m}: chosen threshold {pick['threshold']} -> F1 {pick['f1']:.1f} EM {pick['em']:.1f}, fired "
               f"{100 * pick['fired']:.0f}%, {pick['retrievals_per_question']:.2f} retrievals/question")
-    Path(args.out).write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    Path(args.out).write_text(json.dumps(stamp(result), separators=(",", ":")) + "\n")  # with the tree measured
     return 0
 
 
