@@ -14,8 +14,8 @@ def test_gpu_mode_runs_at_toy_size_on_the_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     r = subprocess.run([sys.executable, "scripts/bench_generate.py", "--device", "cuda", "--toy", "--torch-device",
-                        "cpu", "--compile-backend", "aot_eager", "--out", str(out)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=path),
-                       capture_output=True, text=True, timeout=600)
+                        "cpu", "--compile-backend", "aot_eager", "--out", str(out)], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["toy"] and report["dtype"] == "bfloat16" and report["params"] > 0
