@@ -85,6 +85,45 @@ def test_compiled_step_rows_are_the_same_bits_alone_or_beside_others(compiled):
         compiled.close(s)
 
 
+class Graphs:
+    """The capture/replay driver as CUDA uses it, recorded (tests/test_engine_gemma3.py's): capture runs nothing,
+    replay runs the captured step. ``refuse``: captures that raise first (a compiled step CUDA cannot capture)."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.log, self.captured, self.refuse = [], [], refuse
+
+    def capture(self, fn):
+        if self.refuse:
+            self.refuse -= 1
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.captured.append(fn)
+        self.log.append("capture")
+        return len(self.captured) - 1
+
+    def replay(self, handle) -> None:
+        self.log.append("replay")
+        self.captured[handle]()
+
+
+def test_the_graph_captures_the_compiled_step(tiny, compiled, caplog):
+    """With a graph driver (CUDA's path), the step is compiled first, outside the capture, and the graph captures
+    the compiled step; one that cannot be captured is replaced by the eager step's graph, with one logged line.
+    Same shapes as the module's compiled engine: torch.compile reuses its code."""
+    eager = Gemma3Engine(tiny, max_slots=3, max_length=80, dense_step=True, step=StepSettings(compile="off"))
+    want = greedy(eager, PROMPTS[:2], 12)
+    for refuse in (0, 1):
+        graphs = Graphs(refuse)
+        engine = Gemma3Engine(tiny, max_slots=3, max_length=80, dense_step=True, graphs=graphs,
+                              step=StepSettings(compile="on"))
+        with caplog.at_level(logging.WARNING, logger="ragserve.engine"):
+            assert greedy(engine, PROMPTS[:2], 12) == want
+        assert graphs.log == ["capture"] + ["replay"] * 11
+        assert engine.describe()["step"] == "graph" and engine.compiled == (not refuse)
+        assert engine.compile_s is not None  # it compiled either way
+    lines = [r.getMessage() for r in caplog.records if r.name == "ragserve.engine"]
+    assert len(lines) == 1 and "could not be captured" in lines[0]
+
+
 def failing_backend(gm, example_inputs):
     raise RuntimeError("no compiler here")
 
