@@ -14,10 +14,12 @@ core. ``--llama-bench PATH`` runs llama.cpp's llama-bench on the same GGUF (-p p
 otherwise it is reported as not available.
 
 GPU (--device cuda): a 7B-shaped Gemma 3 (random bf16 weights: Llama-2-7B's widths, 32 layers, 32 heads of 128,
-FFN 11008, vocabulary 32000) at batch 1 and 8 (--batches): prefill, then ms a decode step eager and replayed from
-the engine's CUDA graph (and transformers' own eager forward), against the floor = (weights read a step + the KV cache the slots hold) / the device's
-copy bandwidth measured first. ``--toy --torch-device cpu`` runs the same code at toy size on torch's CPU device
-(CI checks the script; its times mean nothing).
+FFN 11008, vocabulary 32000) at batch 1 and 8 (--batches): prefill, then ms a decode step eager, replayed from the
+engine's CUDA graph, and replayed from the graph of the step compiled by torch.compile (``StepSettings``; its
+compile seconds too), and transformers' own eager forward, against the floor = (weights read a step + the KV
+cache the slots hold) / the device's copy bandwidth measured first; greedy tokens of the engine's paths compared.
+``--toy --torch-device cpu`` runs the same code at toy size on torch's CPU device (CI checks the script with
+``--compile-backend aot_eager``, which compiles nothing to C++; its times mean nothing).
 """
 from __future__ import annotations
 
@@ -272,6 +274,7 @@ def hf_step_ms(model, ids: list[list[int]], steps: int, device: torch.device) ->
 def run_gpu(args) -> dict:
     from transformers import Gemma3ForCausalLM
 
+    from ragserve.rag.engine import StepSettings
     from ragserve.rag.engines.gemma3 import Gemma3Engine
 
     device = torch.device(args.torch_device or "cuda")
@@ -293,58 +296,82 @@ def run_gpu(args) -> dict:
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * elt
     g = torch.Generator().manual_seed(1)
     for batch in [int(b) for b in args.batches.split(",")]:
-        engine = Gemma3Engine(model, device=str(device), max_slots=batch, max_length=prompt + steps + 8,
-                              dense_step=True)
-        slots = [engine.open() for _ in range(batch)]
         ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).tolist()
-        for s, row in zip(slots, ids):
-            engine.prefill(s, row)
         tokens = [1] * batch
-        timings, greedy = {}, {}
-        graphs = engine.graphs
-        for mode in ("graph", "eager"):
-            engine.graphs = graphs if mode == "graph" else None
-            for s in slots:
-                engine.truncate(s, prompt)
-            engine.step(slots, tokens)  # the first step captures (graph) or warms up (eager)
-            sync(device)
-            t = time.perf_counter()
-            for _ in range(steps):
-                engine.step(slots, tokens)
-            sync(device)
-            timings[mode] = (time.perf_counter() - t) / steps * 1e3
-            # Greedy tokens of each path from the same cached prompt: the graph must replay the eager step exactly.
-            for s in slots:
-                engine.truncate(s, prompt)
-            nxt, seq = list(tokens), []
-            for _ in range(check):
-                nxt = engine.step(slots, nxt).argmax(dim=-1).tolist()
-                seq.append(nxt)
-            greedy[mode] = seq
+        timings, greedy, first_logits, compile_s = {}, {}, {}, None
+        # The eager step and its graph on one engine, the compiled step's graph on another (its own caches).
+        for modes, compile_ in ((("graph", "eager"), "off"), (("compiled",), "on")):
+            engine = Gemma3Engine(model, device=str(device), max_slots=batch, max_length=prompt + steps + 8,
+                                  dense_step=True, step=StepSettings(compile=compile_, backend=args.compile_backend))
+            slots = [engine.open() for _ in range(batch)]
+            for s, row in zip(slots, ids):
+                engine.prefill(s, row)
+            graphs = engine.graphs
+            for mode in modes:
+                engine.graphs = None if mode == "eager" else graphs
+                for s in slots:
+                    engine.truncate(s, prompt)
+                t = time.perf_counter()
+                engine.step(slots, tokens)  # the first step compiles and captures (graph) or warms up (eager)
+                sync(device)
+                if mode == "compiled":
+                    compile_s = engine.compile_s
+                    report.setdefault("first_step_s", {})[f"compiled_batch{batch}"] = time.perf_counter() - t
+                t = time.perf_counter()
+                for _ in range(steps):
+                    engine.step(slots, tokens)
+                sync(device)
+                timings[mode] = (time.perf_counter() - t) / steps * 1e3
+                # Greedy tokens of each path from the same cached prompt: the graph must replay the eager step
+                # exactly; the compiled step fuses the arithmetic differently (bf16 roundings may move).
+                for s in slots:
+                    engine.truncate(s, prompt)
+                nxt, seq = list(tokens), []
+                for i in range(check):
+                    logits = engine.step(slots, nxt)
+                    if i == 0:
+                        first_logits[mode] = logits.float().cpu()
+                    nxt = logits.argmax(dim=-1).tolist()
+                    seq.append(nxt)
+                greedy[mode] = seq
+            compiled = engine.compiled
+            del engine
         # Floor: every weight once, plus the KV the slots hold (their mean length over the timed steps).
         kv_bytes = batch * kv_per_token * (prompt + 1 + steps / 2)
         floor_ms = (weight_bytes + kv_bytes) / bw * 1e3
         hf_ms = hf_step_ms(model, ids, steps, device)
         run = {"batch": batch, "graph_ms": timings["graph"], "eager_ms": timings["eager"], "hf_eager_ms": hf_ms,
+               "compiled_graph_ms": timings["compiled"], "compiled": compiled, "compile_s": compile_s,
                "floor_ms": floor_ms,
-               "x_floor": timings["graph"] / floor_ms, "kv_bytes": kv_bytes,
-               "tok_s": batch * 1e3 / timings["graph"], "greedy_tokens": check * batch,
-               "greedy_equal": greedy["graph"] == greedy["eager"]}
+               "x_floor": timings["graph"] / floor_ms, "compiled_x_floor": timings["compiled"] / floor_ms,
+               "kv_bytes": kv_bytes,
+               "tok_s": batch * 1e3 / timings["graph"], "compiled_tok_s": batch * 1e3 / timings["compiled"],
+               "greedy_tokens": check * batch,
+               "greedy_equal": greedy["graph"] == greedy["eager"],
+               "compiled_greedy_equal": greedy["compiled"] == greedy["eager"],
+               "compiled_first_difference": next((i for i, (a, b) in enumerate(zip(greedy["compiled"],
+                                                                                   greedy["eager"])) if a != b),
+                                                 None),
+               "compiled_max_logit_diff": float((first_logits["compiled"] - first_logits["eager"]).abs().max())}
         report["runs"].append(run)
         print(json.dumps(run), flush=True)
-        del engine
     return report
 
 
 def gpu_table(report: dict) -> str:
     lines = [f"{report['device']}: {report['params'] / 1e9:.2f}B parameters bf16, copy bandwidth "
              f"{report['copy_bandwidth_gbs']:.0f} GB/s, prompt {report['prompt_tokens']}",
-             "| batch | graph ms/step | engine eager ms/step | transformers eager ms/step | floor ms | graph x floor | "
-             "tok/s | greedy graph = eager |", "|---|---|---|---|---|---|---|---|"]
+             "| batch | compiled graph ms/step | graph ms/step | engine eager ms/step | transformers eager ms/step | "
+             "floor ms | compiled x floor | graph x floor | compile s | greedy graph = eager | "
+             "greedy compiled = eager |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
-        lines.append(f"| {r['batch']} | {r['graph_ms']:.2f} | {r['eager_ms']:.2f} | {r['hf_eager_ms']:.2f} | "
-                     f"{r['floor_ms']:.2f} | "
-                     f"{r['x_floor']:.2f} | {r['tok_s']:.1f} | {r['greedy_equal']} ({r['greedy_tokens']} tokens) |")
+        compiled = f"{r['compiled_graph_ms']:.2f}" + ("" if r["compiled"] else " (compile failed: eager)")
+        comp_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
+        diff = "" if r["compiled_greedy_equal"] else f", first differs at step {r['compiled_first_difference']}"
+        lines.append(f"| {r['batch']} | {compiled} | {r['graph_ms']:.2f} | {r['eager_ms']:.2f} | "
+                     f"{r['hf_eager_ms']:.2f} | {r['floor_ms']:.2f} | {r['compiled_x_floor']:.2f} | "
+                     f"{r['x_floor']:.2f} | {comp_s} | {r['greedy_equal']} ({r['greedy_tokens']} tokens) | "
+                     f"{r['compiled_greedy_equal']} (max logit diff {r['compiled_max_logit_diff']:.3g}{diff}) |")
     return "\n".join(lines)
 
 
@@ -366,6 +393,8 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=32, help="GPU mode: timed steps")
     ap.add_argument("--toy", action="store_true", help="GPU mode at toy size (with --torch-device cpu in CI)")
     ap.add_argument("--torch-device", help="GPU mode: torch device to run on (default cuda)")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="GPU mode: torch.compile backend of the compiled step (CI's toy run: aot_eager)")
     ap.add_argument("--out", help="JSON report (default benchmarks/raw/generate/<device>.json)")
     args = ap.parse_args()
     if args.device == "cuda":

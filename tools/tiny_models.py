@@ -94,10 +94,11 @@ def _save_random(model_cls, cfg, tok, out_dir: str | Path, seed: int) -> Path:
 
 def tiny_gemma3(vocab_size: int = 512, hidden: int = 64, layers: int = 6, heads: int = 4, kv_heads: int = 2,
                 head_dim: int = 16, sliding_window: int = 8, init_range: float = 0.3, seed: int = 0,
-                dtype=None):
+                dtype=None, layer_types: list[str] | None = None):
     """A random ``Gemma3ForCausalLM`` in memory (every sixth layer global, a short sliding window so that tests
     cross it, grouped-query attention, an untied output projection so that greedy tokens vary), eager attention,
-    for engine tests; no tokenizer."""
+    for engine tests; no tokenizer. ``layer_types``: each layer's attention instead (e.g. a sliding and a global
+    layer in a two-layer model)."""
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -106,7 +107,7 @@ def tiny_gemma3(vocab_size: int = 512, hidden: int = 64, layers: int = 6, heads:
                            head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=sliding_window,
                            max_position_embeddings=4096, initializer_range=init_range, bos_token_id=2,
                            eos_token_id=1, pad_token_id=0, attn_implementation="eager",
-                           tie_word_embeddings=False)
+                           tie_word_embeddings=False, layer_types=layer_types)
     torch.manual_seed(seed)
     model = Gemma3ForCausalLM(cfg).eval()
     with torch.no_grad():  # the norms start at zero scale (1 + w): random ones exercise them

@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--attention", metavar="M", help="sparse attention for decode steps: dense, dsa, quest, lserve, "
                                                     "seer-topk, seer-threshold (default: the model's own)")
     g.add_argument("--attention-budget", type=int, metavar="K", help="tokens each decode step attends (default 2048)")
+    g.add_argument("--step-compile", default="auto", choices=["auto", "on", "off"],
+                   help="compile the fast engine's static decode step (torch.compile): auto (on CUDA with "
+                    "Triton), on, off (default auto)")
     r = p.add_argument_group("retrieval")
     r.add_argument("-k", "--k", dest="k", type=int, default=3, help="passages per retrieval (default 3)")
     r.add_argument("--query-max-tokens", type=int, default=64, help="query length budget in model tokens")
@@ -223,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(problem)
     from ragserve.rag.base import MethodError
     from ragserve.rag.dragin import PUBLISHED
+    from ragserve.rag.engine import engine_options
     from ragserve.rag.evaluate import EvalError, evaluate, format_summary, summarize
     from ragserve.rag.generator import Generator, GeneratorError
     from ragserve.rag.methods import build_method
@@ -238,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
     published = PUBLISHED.get(_family(fmt), PUBLISHED["hotpotqa"])
     try:
         generator = Generator(args.model, device=args.device, temperature=args.temperature, threads=args.threads,
-                              attention=args.attention, budget=args.attention_budget)
+                              attention=args.attention, budget=args.attention_budget,
+                              engine_options=engine_options(args.step_compile))
         # settings chosen for this model on training questions; flags given on the command line win
         profile = profile_for(generator.model.config, _family(fmt))
         prompts = PromptBuilder(load_exemplars(args.prompt_file or profile.get("prompt") or DEFAULT_EXEMPLARS[fmt]),

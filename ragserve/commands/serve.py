@@ -75,6 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--attention", metavar="M", help="sparse attention for decode steps: dense, dsa, quest, lserve, "
                                                       "seer-topk, seer-threshold (default: the model's own)")
     gen.add_argument("--attention-budget", type=int, metavar="K", help="tokens each decode step attends (default 2048)")
+    gen.add_argument("--step-compile", default="auto", choices=["auto", "on", "off"],
+                     help="compile the fast engine's static decode step (torch.compile): auto (on CUDA with "
+                      "Triton), on, off (default auto)")
     from ragserve.commands.retrieval_options import add_retriever_args
 
     add_retriever_args(p, rerank=False)
@@ -359,6 +362,7 @@ def _serve_on_ray(args: argparse.Namespace, cfg) -> int:
 
 
 def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
+    from ragserve.rag.engine import engine_options
     from ragserve.server.answering import AnswerService
 
     from ragserve.kernels.contract import SearchError
@@ -377,7 +381,7 @@ def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
                              reranker=args.reranker, rerank_depth=args.rerank_depth,
                              max_new_tokens=args.max_new_tokens, attention=args.attention,
                              attention_budget=args.attention_budget, memory_model=args.memory_model,
-                             memory_options=memory)
+                             memory_options=memory, engine_options=engine_options(args.step_compile))
     except (OSError, ValueError, SearchError, EmbedderError) as e:
         raise CliError(str(e)) from e
 

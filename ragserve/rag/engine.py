@@ -12,7 +12,7 @@ or from a cached prefix that ends on one, gets the same bits as one call over th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -25,6 +25,24 @@ class PrefillSettings:
     (least recently used dropped first; 0: no cache)."""
     chunk: int = 64
     prefix_cache_bytes: int = 128 << 20
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How an engine runs its static decode step (the one a CUDA graph replays). ``compile``: wrap it in
+    ``torch.compile`` (one fused kernel where eager torch launches several: a norm, a rotary, a softmax with its
+    mask): ``auto`` on CUDA when Triton imports, off elsewhere; ``on``; ``off``. A step that fails to compile
+    runs eagerly (one logged line). ``backend`` and ``mode``: ``torch.compile``'s (inductor's default mode, not
+    ``reduce-overhead``: the engine captures its own graph of the compiled step)."""
+    compile: str = "auto"
+    backend: str | Callable = "inductor"
+    mode: str | None = None
+
+
+def engine_options(step_compile: str = "auto") -> dict | None:
+    """A fast engine's options from the command line's ``--step-compile``: None for the default (an engine without
+    options, such as the reference one, takes none)."""
+    return None if step_compile == "auto" else {"step": StepSettings(compile=step_compile)}
 
 
 class DecodeEngine(Protocol):

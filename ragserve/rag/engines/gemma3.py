@@ -11,7 +11,8 @@ does. Decode differs by device:
   Each row is a fixed loop whatever shares the call, so a slot's logits are the same bits alone or in a batch.
 - CUDA: one static-shape step over every slot (rows of slots not stepping write a spare cache column and are
   discarded), captured once as a CUDA graph and replayed each step. A row's arithmetic never depends on the others:
-  the shapes are always the same.
+  the shapes are always the same. Eager, the step is ~90 small kernels a layer (each norm alone is ten); so
+  ``StepSettings.compile`` has ``torch.compile`` fuse them before the capture (the graph then replays its kernels).
 
 The caches are preallocated ``[slots, kv heads, max_length (+1 spare), head dim]`` per layer; ``truncate`` only
 moves a slot's length, so a prompt prefix kept across retrieval rounds is not recomputed. A prefill runs in chunks
@@ -21,6 +22,8 @@ and exemplars) copies them instead of computing them, bit for bit what it would 
 """
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -28,12 +31,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ragserve.rag.engine import PrefillSettings
+from ragserve.rag.engine import PrefillSettings, StepSettings
 from ragserve.rag.engines.quantized import QuantMatrix, read_gguf
 from ragserve.rag.prefix_cache import PrefixCache
 
 MODEL_TYPES = ("gemma3_text",)
 # GGUF tensor names of each layer's projections, by the transformers module they replace.
+log = logging.getLogger("ragserve.engine")
 _GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
                "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
 
@@ -131,11 +135,13 @@ class Gemma3Engine:
     ``ragserve.kernels.cpu.decode``); prefill uses torch's own threads. ``graphs``: the
     capture/replay driver of the CUDA step (default ``CudaGraphs`` on CUDA; None elsewhere: the static step runs
     eagerly), used whenever ``dense_step`` is on, which it is on CUDA and for weights other than f32.
-    ``prefill``: the prefill's chunk and prefix cache (``PrefillSettings``)."""
+    ``prefill``: the prefill's chunk and prefix cache (``PrefillSettings``). ``step``: whether the static step is
+    compiled (``StepSettings``; the kernels step never is)."""
 
     def __init__(self, model: torch.nn.Module, device: str | None = None, max_slots: int = 4,
                  max_length: int = 4096, gguf: str | Path | None = None, threads: int = 0,
-                 graphs=None, dense_step: bool | None = None, prefill: PrefillSettings | None = None) -> None:
+                 graphs=None, dense_step: bool | None = None, prefill: PrefillSettings | None = None,
+                 step: StepSettings | None = None) -> None:
         cfg = model.config
         if getattr(cfg, "model_type", None) not in MODEL_TYPES:
             raise _error(f"Gemma3Engine serves {MODEL_TYPES}, not {getattr(cfg, 'model_type', None)!r}")
@@ -147,6 +153,9 @@ class Gemma3Engine:
         settings = prefill or PrefillSettings()
         if settings.chunk < 1 or settings.prefix_cache_bytes < 0:
             raise _error("the prefill chunk must be >= 1 position and the prefix cache >= 0 bytes")
+        self.step_settings = step or StepSettings()
+        if self.step_settings.compile not in ("auto", "on", "off"):
+            raise _error(f"the step's compile setting is auto, on or off, not {self.step_settings.compile!r}")
         self.prefill_chunk = settings.chunk
         self.prefix_cache = PrefixCache(settings.chunk, settings.prefix_cache_bytes) \
             if settings.prefix_cache_bytes else None
@@ -196,6 +205,11 @@ class Gemma3Engine:
         self.graphs = (CudaGraphs() if on_cuda else None) if graphs is None else graphs
         self._graph = None
         self._out: torch.Tensor | None = None  # the static step's buffers, made at its first use
+        compile_ = self.step_settings.compile
+        self.compile_step = self.dense_step and (compile_ == "on" or compile_ == "auto" and on_cuda and _triton())
+        self._forward: Callable[[], None] | None = None  # the static step as run and captured, set at first use
+        self.compiled = False  # whether that is the compiled step
+        self.compile_s: float | None = None  # seconds its compile took
         self.weights = "f32"
         if not self.dense_step:
             if self.device.type != "cpu" or self.dtype != torch.float32:
@@ -249,6 +263,7 @@ class Gemma3Engine:
             read = sum(x.nbytes for x in (*self.kq, *self.ko, *self.kgu, *self.kd, self.khead))
         return {"engine": "gemma3", "device": str(self.device), "weights": self.weights,
                 "step": ("graph" if self.graphs is not None else "static") if self.dense_step else "kernels",
+                "compiled": self.compiled, "compile_s": self.compile_s,
                 "max_slots": self.max_slots, "max_length": self.max_length, "decode_weight_bytes": read,
                 "prefill_chunk": self.prefill_chunk, "prefix_cache": None if self.prefix_cache is None else {
                     "chunks": len(self.prefix_cache), "bytes": self.prefix_cache.nbytes,
@@ -529,6 +544,36 @@ class Gemma3Engine:
         h = _rms(h, self.model.model.norm.weight, self.eps)
         self._out.copy_(F.linear(h, self.lm_head).float())
 
+    def _compiled(self) -> Callable[[], None]:
+        """The static step through ``torch.compile``, compiled now by running it once (outside any graph capture:
+        a compile inside one fails); the eager step, with one logged line, if that fails. Running a step twice is
+        harmless: it writes only the positions it computes, the same values again."""
+        s = self.step_settings
+        t = time.perf_counter()
+        try:
+            fn = torch.compile(self._static_forward, fullgraph=True, dynamic=False, backend=s.backend,
+                               **({"mode": s.mode} if s.mode else {}))
+            fn()
+        except Exception as e:  # any failure: the eager step computes the same tokens, only slower
+            log.warning("the decode step did not compile, it runs eagerly: %s: %s", type(e).__name__,
+                        " ".join(str(e).split())[:300])
+            return self._static_forward
+        self.compile_s = time.perf_counter() - t
+        self.compiled = True
+        return fn
+
+    def _capture(self):
+        """The graph of the step as run; a compiled step that cannot be captured falls back to the eager one."""
+        if not self.compiled:
+            return self.graphs.capture(self._forward)
+        try:
+            return self.graphs.capture(self._forward)
+        except Exception as e:
+            log.warning("the compiled decode step could not be captured, the eager one is: %s: %s",
+                        type(e).__name__, " ".join(str(e).split())[:300])
+            self._forward, self.compiled = self._static_forward, False
+            return self.graphs.capture(self._forward)
+
     def _step_dense(self, slots: Sequence[int], ids: Sequence[int]) -> torch.Tensor:
         if self._out is None:
             self._static_buffers()
@@ -538,13 +583,24 @@ class Gemma3Engine:
             ids_all[s], pos_all[s] = int(t), self.lengths[s]
         self._ids.copy_(torch.tensor(ids_all), non_blocking=True)
         self._pos.copy_(torch.tensor(pos_all), non_blocking=True)
+        if self._forward is None:
+            self._forward = self._compiled() if self.compile_step else self._static_forward
         if self.graphs is None:
-            self._static_forward()
+            self._forward()
         else:
             if self._graph is None:
-                self._graph = self.graphs.capture(self._static_forward)
+                self._graph = self._capture()
             self.graphs.replay(self._graph)
         out = self._out[torch.as_tensor(list(slots), device=self.device)]
         if self.softcap is not None:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out
+
+
+def _triton() -> bool:
+    """Whether Triton imports (what inductor compiles CUDA kernels with)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # a broken install fails in many ways: no compile then
+        return False
+    return True
