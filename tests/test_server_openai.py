@@ -189,6 +189,7 @@ BAD = [  # (body changes or a whole body, the status, the OpenAI error param)
     ({"stream": True, "stream_options": {"include_obfuscation": True}}, 400, "stream_options.include_obfuscation"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, 400, "moderation"),
     ({"top_k": 5}, 400, "top_k"),
     ({"ragserve": {"options": {"theta": 1.0}}}, 400, "ragserve.options.theta"),
     ({"ragserve": {"retriever": "dense"}}, 400, "ragserve.retriever"),

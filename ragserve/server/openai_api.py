@@ -45,7 +45,8 @@ NEUTRAL: dict[str, tuple] = {
     "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "modalities": (["text"],),
     "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (), "service_tier": ("auto", "default"),
-    "store": (False,), "metadata": ({},), "verbosity": (),
+    "store": (False,), "metadata": ({},), "verbosity": (), "moderation": (), "prompt_cache_options": (),
+    "prompt_cache_retention": (),
     # /v1/completions
     "echo": (False,), "best_of": (1,), "suffix": (),
 }
