@@ -20,7 +20,7 @@ from ragserve.memory import store as store_mod
 from ragserve.memory.bank import MemoryBank
 from ragserve.memory.store import MemoryStore, MemoryStoreError
 from tests.conftest import REPO
-from tests.serverproc import run_cli
+from tests.serverproc import ServerProcess, run_cli
 
 TEXTS = ["The violet heron nests on the roof of the old mill.", "Tides are caused by the gravity of the moon.",
          "The mill was built in 1820 by the river.", "Copper conducts heat and electricity well.",
@@ -150,7 +150,7 @@ def test_store_add_search_delete_reopen_gives_the_same_hits(tmp_path, tiny_encod
         assert s.next_id == 9 and len(s) == 6 and s.get(0).text == TEXTS[0]
 
 
-def test_store_fpga_sim_recalls_what_cpu_does(tmp_path, tiny_encoder):
+def test_store_fpga_sim_recalls_what_cpu_does(tmp_path, tiny_encoder, hotpot_index):
     if not shutil.which(os.environ.get("CXX", "g++")):
         pytest.skip("the fpga-sim kernel's C simulation needs g++")
     with MemoryStore(tmp_path / "mem", tiny_encoder) as s:
@@ -168,6 +168,28 @@ def test_store_fpga_sim_recalls_what_cpu_does(tmp_path, tiny_encoder):
     f = [(h["id"], h["score"]) for h in json.loads(r.stdout)]
     assert [i for i, _ in f] == [i for i, _ in cpu["heron"]]
     assert np.allclose([x for _, x in f], [x for _, x in cpu["heron"]], atol=1e-6)
+    # a server's /v1/memory on the same kernel: the same hits, and an add through it lands in the bank
+    import requests
+
+    srv = ServerProcess("--index", str(hotpot_index), "--backend", "cpu", "--memory", str(tmp_path / "mem"),
+                        "--memory-backend", "fpga-sim", "--embed-device", "cpu", "--max-k", "30")
+    try:
+        srv.wait_ready()
+        u = srv.url + "/v1/memory"
+        for q, h in cpu.items():
+            r = requests.get(u, params={"query": q, "k": 10}, timeout=120).json()
+            assert r["backend"] == "fpga-sim" and [x["id"] for x in r["hits"]] == [i for i, _ in h]
+            assert np.allclose([x["score"] for x in r["hits"]], [x for _, x in h], atol=1e-6)
+        assert requests.post(u, json={"texts": TEXTS[:2]}, timeout=120).json()["ids"] == [24, 25]
+        served = [(x["id"], x["score"]) for x in requests.get(u, params={"query": "heron", "k": 30},
+                                                             timeout=120).json()["hits"]]
+        assert srv.terminate() == 0
+    finally:
+        srv.terminate()
+    with MemoryStore(tmp_path / "mem") as s:  # reopened on cpu: the server's adds, the same recall
+        cpu_after = hits(s, "heron", 30)
+    assert {24, 25} <= {i for i, _ in cpu_after} and [i for i, _ in served] == [i for i, _ in cpu_after]
+    assert np.allclose([x for _, x in served], [x for _, x in cpu_after], atol=1e-6)
 
 
 def test_store_eviction_and_compaction_survive_reopen(tmp_path, tiny_encoder, monkeypatch):

@@ -112,12 +112,21 @@ def test_chat_streams_chunks_ending_in_done(server, client):
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == whole.choices[0].finish_reason
     assert finals[0].model_extra["ragserve"]["citations"] == whole.model_extra["ragserve"]["citations"]
     assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
-    # On the wire: unnamed data events, the last one [DONE].
+    # On the wire: unnamed data events, the last one [DONE]; with include_usage every chunk has a usage field,
+    # null except on the last one (OpenAI's stream_options), and include_obfuscation false is the default here.
     r = requests.post(server.url + "/v1/chat/completions", headers=AUTH, stream=True, timeout=120, json={
-        "model": "ragserve/none", "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi?"}]})
+        "model": "ragserve/none", "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi?"}],
+        "stream_options": {"include_usage": True, "include_obfuscation": False}})
     assert r.headers["Content-Type"].startswith("text/event-stream")
     events = [e for e in r.text.split("\n\n") if e and not e.startswith(":")]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    wire = [json.loads(e[6:]) for e in events[:-1]]
+    assert [c["usage"] is None for c in wire] == [True] * (len(wire) - 1) + [False]
+    assert wire[-1]["choices"] == [] and wire[-1]["usage"]["total_tokens"] > 0
+    assert not any("obfuscation" in c for c in wire)
+    plain = requests.post(server.url + "/v1/completions", headers=AUTH, timeout=120, json={
+        "model": "ragserve/none", "stream": True, "max_tokens": 4, "prompt": "Hi?"}).text
+    assert '"usage"' not in plain  # without include_usage, no usage field at all
 
 
 def test_completions_sync_and_streaming(server, client):
@@ -176,8 +185,11 @@ BAD = [  # (body changes or a whole body, the status, the OpenAI error param)
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ({"response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),
+    ({"stream": True, "stream_options": {"include_obfuscation": True}}, 400, "stream_options.include_obfuscation"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, 400, "moderation"),
     ({"top_k": 5}, 400, "top_k"),
     ({"ragserve": {"options": {"theta": 1.0}}}, 400, "ragserve.options.theta"),
     ({"ragserve": {"retriever": "dense"}}, 400, "ragserve.retriever"),

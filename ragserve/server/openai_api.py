@@ -45,7 +45,8 @@ NEUTRAL: dict[str, tuple] = {
     "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},), "modalities": (["text"],),
     "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (), "service_tier": ("auto", "default"),
-    "store": (False,), "metadata": ({},), "verbosity": (),
+    "store": (False,), "metadata": ({},), "verbosity": (), "moderation": (), "prompt_cache_options": (),
+    "prompt_cache_retention": (),
     # /v1/completions
     "echo": (False,), "best_of": (1,), "suffix": (),
 }
@@ -187,8 +188,16 @@ class Common:
         if opts is not None:
             if not self.stream:
                 raise bad("stream_options", "stream_options is only allowed when stream is true")
-            if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
-                raise bad("stream_options", 'stream_options must be {"include_usage": true|false}')
+            if not isinstance(opts, dict) or set(opts) - {"include_usage", "include_obfuscation"}:
+                raise bad("stream_options", 'stream_options must be {"include_usage": true|false, '
+                                            '"include_obfuscation": false}')
+            for name in ("include_usage", "include_obfuscation"):
+                if opts.get(name) not in (None, True, False):
+                    raise bad(f"stream_options.{name}", f"stream_options.{name} must be a boolean, got "
+                                                        f"{_json_type(opts[name])}", code="invalid_type")
+            if opts.get("include_obfuscation") is True:  # ragserve sends no padding field
+                raise unsupported("stream_options.include_obfuscation", "true is not supported: ragserve adds no "
+                                                                        "obfuscation field; send false or leave it out")
             self.include_usage = opts.get("include_usage") is True
         tokens = {n: self._max_tokens(body, n, answers.max_new_tokens) for n in ("max_tokens", max_tokens_field)
                   if n in body}
@@ -500,9 +509,13 @@ def _stream(events: Iterator[bytes], common: Common, earlier: int | None,
     """``AnswerService.stream``'s events as OpenAI chunks: the role first, a progress chunk per trace step (no
     choices; its ``ragserve.step`` says what ran), the text once the method is done (a RAG method may revise what
     it wrote, e.g. FLARE, so none is sent earlier), the finish reason with the ``ragserve`` extension, the usage
-    when ``stream_options.include_usage`` asks, then ``data: [DONE]``."""
+    when ``stream_options.include_usage`` asks (every other chunk then has ``usage: null``, as OpenAI's do), then
+    ``data: [DONE]``."""
+    def out(obj: dict) -> bytes:
+        return sse.data_only({**obj, "usage": None} if common.include_usage else obj)
+
     try:
-        yield sse.data_only(chunk("", None))
+        yield out(chunk("", None))
         for raw in events:
             parsed = sse.parse(raw)
             if parsed is None:
@@ -510,7 +523,7 @@ def _stream(events: Iterator[bytes], common: Common, earlier: int | None,
                 continue
             name, data = parsed
             if name == "step":
-                yield sse.data_only({**head, "choices": [], "ragserve": {"step": data}})
+                yield out({**head, "choices": [], "ragserve": {"step": data}})
             elif name == "error":
                 err = ApiError(data["error"]["status"], data["error"]["code"], data["error"]["message"],
                                field=data["error"].get("field"))
@@ -522,9 +535,8 @@ def _stream(events: Iterator[bytes], common: Common, earlier: int | None,
             elif name == "answer":
                 text, stopped = cut_at_stop(completion_text(data), common.stop)
                 if text:
-                    yield sse.data_only(chunk(text, None))
-                yield sse.data_only({**chunk(None, finish_reason(data, stopped)),
-                                     "ragserve": extension(data, earlier)})
+                    yield out(chunk(text, None))
+                yield out({**chunk(None, finish_reason(data, stopped)), "ragserve": extension(data, earlier)})
                 if common.include_usage:
                     yield sse.data_only({**head, "choices": [], "usage": usage(data)})
                 yield sse.data_only("[DONE]")
