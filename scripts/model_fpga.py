@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ is not part of the installed package
 
 from indexer.reader import IndexReader  # noqa: E402
-from indexer.writer import BuildOptions, build_index  # noqa: E402
+from indexer.options import BuildOptions  # noqa: E402
+from indexer.writer import build_index  # noqa: E402
 from tools import fpga_model as M  # noqa: E402
 from ragserve.kernels.fpga.host import LaunchResult, merge_shards  # noqa: E402
 from indexer.bm25 import QueryTerms  # noqa: E402

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from indexer.reader import IndexReader
-from indexer.writer import BuildOptions, build_index_from_documents
+from indexer.options import BuildOptions
+from indexer.writer import build_index_from_documents
 from ragserve.kernels.cpu.backend import CpuBackend
 from ragserve.kernels.gpu import backend as gpu_backend, relevancy, selection
 from ragserve.kernels.gpu.cuda import kernels as CK
