@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from indexer.reader import IndexReader
-from ragserve.kernels.fpga import sim as fpga_sim
-from ragserve.kernels.fpga.host import FpgaUnavailableError
+from ragserve.kernels.fpga.csim import library as fpga_sim
+from ragserve.kernels.fpga.backend import FpgaUnavailableError
 from ragserve.cli import main
 from ragserve.kernels.contract import SearchError
 from ragserve.retrieval.searcher import Searcher
