@@ -1,5 +1,5 @@
 // Interface of the bm25_topk kernel (bm25_topk.cpp), shared by the kernel, its testbench and the host.
-// The host driver (ragserve/backends/fpga_host.py) mirrors these constants; keep them in sync.
+// The host driver (ragserve/kernels/fpga/backend.py) mirrors these constants; keep them in sync.
 #ifndef RAGSERVE_BM25_TOPK_H
 #define RAGSERVE_BM25_TOPK_H
 

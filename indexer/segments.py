@@ -40,7 +40,9 @@ from indexer.analyzer import Analyzer
 from indexer.readers.model import Document
 from indexer.reader import IndexReader, InvalidIndexError
 from indexer.wal import AppendLog, fsync_dir
-from indexer.writer import BuildOptions, _indexed_text, build_index_from_documents
+from indexer.analysis import indexed_text
+from indexer.options import BuildOptions
+from indexer.writer import build_index_from_documents
 
 LIVE_FORMAT = "ragserve-live"
 LIVE_VERSION = 1
@@ -105,7 +107,7 @@ def build_segment(docs: Iterable[Document], out: Path, options: BuildOptions) ->
 
 def document_terms(analyzer: Analyzer, title: str, text: str) -> tuple[Counter, int]:
     """(term -> tf, length) of a document as the writer indexes it (title and text as one field)."""
-    return analyzer.term_counts(_indexed_text(title, text))
+    return analyzer.term_counts(indexed_text(title, text))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,7 +87,8 @@ def main() -> int:
     args = ap.parse_args()
     t_start = time.monotonic()
 
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
     from ragserve.retrieval.searcher import Searcher
     from ragserve.topics import read_queries
 

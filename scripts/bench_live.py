@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))
 from indexer.readers import iter_documents  # noqa: E402
 from indexer.segments import LiveIndex, MergePolicy  # noqa: E402
 from indexer.synth import write_corpus  # noqa: E402
-from indexer.writer import BuildOptions, build_index_from_documents  # noqa: E402
+from indexer.options import BuildOptions  # noqa: E402
+from indexer.writer import build_index_from_documents  # noqa: E402
 from ragserve.retrieval.live import LiveSearcher  # noqa: E402
 from ragserve.retrieval.searcher import Searcher  # noqa: E402
 from ragserve.server.documents import LiveMaintenance  # noqa: E402

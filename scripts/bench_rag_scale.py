@@ -144,7 +144,8 @@ def build_reference(hotpot: Path, data: Path, work: Path) -> None:
     (numba compiles once), then one cpu-backend search on it, so the cpu kernels are compiled and cached too. Runs in
     a spawned process beside the layout writer and the model builds."""
     from gpu_bench_inputs import reference_inputs
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
     from ragserve.rag.corpus import dataset_passages, write_corpus
     from ragserve.rag.datasets import read_dataset
     from ragserve.retrieval.searcher import Searcher

@@ -53,8 +53,8 @@ def stage_ms(g: GpuBackend, chunk, cache: torch.Tensor, k: int, reps: int) -> fl
     for i in range(reps + 2):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        g._tiles.begin(chunk[0])
-        g._tiles.score(chunk[1], g._arena.post, g._arena.norms, cache, k)
+        g._tiled.tiles.begin(chunk[0])
+        g._tiled.tiles.score(chunk[1], g._arena.post, g._arena.norms, cache, k)
         b.record()
         torch.cuda.synchronize()
         if i >= 2:  # the first two warm up
@@ -64,7 +64,7 @@ def stage_ms(g: GpuBackend, chunk, cache: torch.Tensor, k: int, reps: int) -> fl
 
 def kernels_of(relevancy_source: str, g: GpuBackend) -> CK.TileKernels:
     """The program with ``relevancy_source`` for ``relevancy.cu``, compiled as the loader does."""
-    tile, tpb = g._tiles.tile, g._tiles.tpb
+    tile, tpb = g._tiled.tiles.tile, g._tiled.tiles.tpb
     source = relevancy_source + CK.read_source("planning.cu") + CK.read_source("selection.cu")
     module = CudaModule(source, CK.options(tile, tpb, g.settings), g.device, "bm25_tiles")
     return CK.TileKernels(module, torch.cuda.get_device_properties(g.device).multi_processor_count
@@ -73,13 +73,14 @@ def kernels_of(relevancy_source: str, g: GpuBackend) -> CK.TileKernels:
 
 def use_kernels(g: GpuBackend, kernels: CK.TileKernels, sample_scale: float) -> None:
     """The backend's tiled path on ``kernels``, with that sample scale (a batch at a time: no single-query graphs)."""
-    tiles, settings = g._tiles, replace(g.settings, sample_scale=sample_scale)
-    g._tiles = g._selector = g._graphs = None
+    path, settings = g._tiled, replace(g.settings, sample_scale=sample_scale)
+    tiles = path.tiles
+    path.tiles = path.selector = path.graphs = None
     torch.cuda.empty_cache()
-    g._tiles = TileScorer(g.num_docs, tiles.block_size, g.tf_bits, g.plan.rows, g.device, settings, kernels,
-                          tiles.copies)
-    g._selector = TileSelector(g._tiles, g.plan.rows, settings)
-    g._tiles.sample(g._arena.post, 0, g._arena.stage_p)
+    path.tiles = TileScorer(g.num_docs, tiles.block_size, g.tf_bits, g.plan.rows, g.device, settings, kernels,
+                            tiles.copies)
+    path.selector = TileSelector(path.tiles, g.plan.rows, settings)
+    path.tiles.sample(g._arena.post, 0, g._arena.stage_p)
 
 
 def main() -> int:
@@ -136,7 +137,7 @@ def main() -> int:
     out = {"card": torch.cuda.get_device_name(0), "argv": sys.argv, "versions": {}}
     for name, source in versions.items():
         kernels = kernels_of(source, g)
-        regs, blocks = kernels.scorer.occupancy(CK.threads(g._tiles.tile))
+        regs, blocks = kernels.scorer.occupancy(CK.threads(g._tiled.tiles.tile))
         res = {"registers": regs, "blocks_per_sm": blocks}
         for scale in args.sample_scales:
             use_kernels(g, kernels, scale)
@@ -145,7 +146,8 @@ def main() -> int:
                 for k in (10, 1000):
                     res[f"{qn} mismatches k={k}{at}"] = sum(not a.same_as(b) for a, b in
                                                             zip(g.search_terms(qs, k, K1, B), want[(qn, k)]))
-                flat, loop = g._plan_chunk(qs, min_q), g._plan_chunk(qs, 0.0)  # min_q 0: nothing provably exact
+                # min_q 0: nothing provably exact
+                flat, loop = g._tiled.plan_chunk(qs, min_q), g._tiled.plan_chunk(qs, 0.0)
                 res[f"{qn} ms k=10{at}"] = round(stage_ms(g, flat, cache, 10, args.reps), 3)
                 res[f"{qn} ms k=1000{at}"] = round(stage_ms(g, flat, cache, 1000, args.reps), 3)
                 res[f"{qn} ms k=10 term by term{at}"] = round(stage_ms(g, loop, cache, 10, args.reps), 3)

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from indexer.reader import IndexReader  # noqa: E402
-from indexer.writer import BuildOptions, build_index  # noqa: E402
+from indexer.options import BuildOptions  # noqa: E402
+from indexer.writer import build_index  # noqa: E402
 from ragserve.ireval import evaluate  # noqa: E402
 from ragserve.retrieval.rerank import RerankingSearcher  # noqa: E402
 from ragserve.retrieval.dense import DENSE_DIR, DenseIndex, DenseSearcher, build_dense_index  # noqa: E402

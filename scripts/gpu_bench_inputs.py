@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from indexer.writer import BuildOptions, build_index  # noqa: E402
+from indexer.options import BuildOptions  # noqa: E402
+from indexer.writer import build_index  # noqa: E402
 from ragserve.rag.corpus import dataset_passages, write_corpus  # noqa: E402
 from ragserve.rag.datasets import read_dataset  # noqa: E402
 

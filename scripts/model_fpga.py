@@ -28,9 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tools/ is not part of the installed package
 
 from indexer.reader import IndexReader  # noqa: E402
-from indexer.writer import BuildOptions, build_index  # noqa: E402
+from indexer.options import BuildOptions  # noqa: E402
+from indexer.writer import build_index  # noqa: E402
 from tools import fpga_model as M  # noqa: E402
-from ragserve.kernels.fpga.host import LaunchResult, merge_shards  # noqa: E402
+from ragserve.kernels.fpga.backend import LaunchResult, merge_shards  # noqa: E402
 from indexer.bm25 import QueryTerms  # noqa: E402
 from ragserve.rag.corpus import dataset_passages, write_corpus  # noqa: E402
 from ragserve.rag.datasets import read_dataset  # noqa: E402

@@ -77,7 +77,8 @@ def shared(*parts: str) -> Path:
 @pytest.fixture(scope="session")
 def arguana_index(tmp_path_factory) -> Path:
     """BEIR ArguAna (8,674 docs) indexed with small blocks and banks, so it spans several blocks and shards."""
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
 
     corpus = shared("beir-arguana", "corpus.jsonl.gz")
     return built_once(tmp_path_factory, "arguana", lambda d: build_index(
@@ -104,7 +105,8 @@ def hotpot_paragraphs_jsonl(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def hotpot_index(tmp_path_factory, hotpot_paragraphs_jsonl) -> Path:
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
 
     return built_once(tmp_path_factory, "hotpot", lambda d: build_index(
         [hotpot_paragraphs_jsonl], d / "hotpot",
@@ -148,7 +150,8 @@ def minilm(minilm_dir):
 @pytest.fixture(scope="session")
 def wiki300_dense(tmp_path_factory, minilm) -> Path:
     """The first 300 DPR-style Wikipedia passages of the shared sample: BM25 index + dense part (faiss flat)."""
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
     from ragserve.retrieval.dense import build_dense_index
 
     sample = shared("wiki18-100w-passages-sample", "sample_data.jsonl")

@@ -116,7 +116,8 @@ def test_pruned_search_equals_exhaustive(arguana_index, arguana_queries, k):
 def test_ties_break_by_ascending_docid(tmp_path):
     from dataclasses import dataclass
 
-    from indexer.writer import BuildOptions, build_index_from_documents
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index_from_documents
 
     @dataclass
     class D:

@@ -91,9 +91,9 @@ def test_initial_threshold_is_reached_by_k_documents(hotpot_index):
         for k in (1, 10, 100):
             for exact_limit in (0, 1 << 20):  # exact scores of the best blocks; of every posting
                 seed = max(float(S.initial_threshold(
-                    a[0], a[1], a[2], a[3], a[7], a[8], be._fine_block, be._norms, cache,
-                    q.term_ids.astype(np.int64), q.weights, default, k, ix.block_size, ix.tf_bits, be._fused,
-                    exact_limit, np.zeros(0, np.uint8))) for a, _, _ in be._shard_args)
+                    S.ShardArrays(*S.Shard._make(sh).arrays), S.Layout._make(be._layout), cache,
+                    q.term_ids.astype(np.int64), q.weights, default, k, exact_limit, np.zeros(0, np.uint8)))
+                    for sh in be._shard_args)
                 top = full.search_terms([q], k, ix.k1, ix.b)[0]
                 if len(top.scores) < k:
                     assert seed == 0.0

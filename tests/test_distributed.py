@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import requests
 
-from indexer.writer import BuildOptions, build_index
+from indexer.options import BuildOptions
+from indexer.writer import build_index
 from ragserve.kernels.contract import ShardsUnavailable
 from ragserve.distributed.shards import ShardFilesError, ShardGroup, merge_topk, plan_groups
 from ragserve.kernels.contract import TopK

@@ -8,11 +8,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from indexer import fasttok, writer
+from indexer import analysis, fasttok
+from indexer.analysis import chunk_postings
 from indexer.analyzer import NOT_LATIN1, Analyzer
+from indexer.options import BuildOptions
 from indexer.readers import iter_documents
 from indexer.synth import write_corpus
-from indexer.writer import BuildOptions, build_index, chunk_postings
+from indexer.writer import build_index
 from tests.conftest import shared
 
 ANALYZER = Analyzer()
@@ -158,6 +160,6 @@ def test_index_is_the_same_without_the_fast_path(tmp_path, monkeypatch, workers)
     corpus = shared("beir-arguana", "corpus.jsonl.gz")
     opts = BuildOptions(block_size=1 << 11, bank_bytes=3 << 20, progress=False, workers=workers)
     fast = build_index([corpus], tmp_path / "fast", opts)
-    monkeypatch.setattr(writer, "TokenTable", lambda max_len: None)  # every document takes the analyzer's path
+    monkeypatch.setattr(analysis, "TokenTable", lambda max_len: None)  # every document takes the analyzer's path
     full = build_index([corpus], tmp_path / "full", opts)
     assert fast["files"] == full["files"]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from indexer.reader import IndexReader
-from ragserve.kernels.fpga import sim as fpga_sim
-from ragserve.kernels.fpga.host import FpgaUnavailableError
+from ragserve.kernels.fpga.csim import library as fpga_sim
+from ragserve.kernels.fpga.backend import FpgaUnavailableError
 from ragserve.cli import main
 from ragserve.kernels.contract import SearchError
 from ragserve.retrieval.searcher import Searcher
@@ -54,7 +54,8 @@ def test_fpga_sim_rejects_k_above_the_kernel_limit(hotpot_index):
 
 
 def test_fpga_sim_rejects_blocks_smaller_than_a_norm_word(tmp_path):
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"_id": str(i), "title": "", "text": f"doc {i} word"}) + "\n" for i in range(40)))

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from indexer.reader import IndexReader
-from indexer.writer import BuildOptions, build_index_from_documents
+from indexer.options import BuildOptions
+from indexer.writer import build_index_from_documents
 from ragserve.kernels.cpu.backend import CpuBackend
 from ragserve.kernels.gpu import backend as gpu_backend, relevancy, selection
 from ragserve.kernels.gpu.cuda import kernels as CK
@@ -501,7 +502,7 @@ def test_tile_plan_orders_entries_canonically(hotpot):
 def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
     """The one-call plan of resident shards (``plan_queries``) is ``plan_tiles`` of the batch's items, with the shifts
     of ``flat_shift`` (none under ``term_order='ascending'``)."""
-    from ragserve.kernels.gpu.planning import plan_queries, plan_tiles
+    from ragserve.kernels.gpu.planning import flat_shift, plan_queries, plan_tiles
 
     reader, _, queries = hotpot
     g = GpuBackend(reader, device="cpu", term_order="auto" if auto else "ascending")
@@ -510,7 +511,8 @@ def test_plan_from_queries_equals_plan_from_items(hotpot, auto):
     n_blocks = -(-reader.num_docs // reader.block_size)
     min_q = float(bm25.norm_cache(0.9, 0.4, reader.avgdl)[int(np.asarray(reader.norms).max())]) / 4
     items = planner.items(qs)
-    want = plan_tiles(planner, items, pbase[items.shard], n_blocks, g._shifts(qs, min_q))
+    shifts = np.array([flat_shift(q.weights, min_q) if auto else 0 for q in qs], dtype=np.int64)
+    want = plan_tiles(planner, items, pbase[items.shard], n_blocks, shifts)
     got = plan_queries(planner, qs, pbase, n_blocks, auto, min_q)
     assert (got.n_ent, got.n_pairs, got.pairs_at, got.max_count) == (want.n_ent, want.n_pairs, want.pairs_at,
                                                                      want.max_count)
@@ -700,15 +702,16 @@ def test_cuda_rescore_on_overflow_and_clean_buffers(hotpot, monkeypatch):
     small = GpuSettings(min_capacity=16, candidates_per_hit=0, peek=8)
     g = GpuBackend(reader, scorer="cuda", max_batch=16, settings=small)
     launches = []
-    launch = g._launch_chunk
-    monkeypatch.setattr(g, "_launch_chunk", lambda *a: (launches.append(1), launch(*a)))
+    launch = g._tiled.launch_chunk
+    monkeypatch.setattr(g._tiled, "launch_chunk", lambda *a: (launches.append(1), launch(*a)))
     assert_parity(g, cpu, queries[:64], 100)
     assert len(launches) > 4
     launches.clear()
     for q in [q for q in queries[64:100] if len(q)][:16]:  # one at a time: a graph, then launches with more room
         assert_parity(g, cpu, [q], 100)
     assert len(launches) > 4
-    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any() and not g._tiles.running.any()
+    tiles = g._tiled.tiles
+    assert not tiles.maxima.any() and not tiles.tile_maxima.any() and not tiles.running.any()
 
 
 @pytest.mark.gpu
@@ -720,7 +723,7 @@ def test_cuda_batches_ranked_by_torch_ops(hotpot):
     g = GpuBackend(reader, scorer="cuda", max_batch=8, settings=GpuSettings(host_rank_max=0))
     for k in (10, 100):
         assert_parity(g, cpu, queries[:64], k)  # 8 batches
-    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any()
+    assert not g._tiled.tiles.maxima.any() and not g._tiled.tiles.tile_maxima.any()
 
 
 @pytest.mark.gpu
@@ -739,20 +742,21 @@ def test_cuda_sample_threshold_skips_tiles_exactly(hotpot_paragraphs_jsonl, tmp_
     step = relevancy.sample_step
     monkeypatch.setattr(relevancy, "sample_step", lambda *a: (steps.append(step(*a)), steps[-1])[1])
     g = GpuBackend(reader, scorer="cuda", max_batch=32, term_order=term_order, settings=settings)
-    assert g.describe()["scorer"] == "cuda" and g._tiles.n_tiles > 50
+    assert g.describe()["scorer"] == "cuda" and g._tiled.tiles.n_tiles > 50
     filtered = []
-    kn = g._tiles.kernels
+    kn = g._tiled.tiles.kernels
     run_filter = kn.filter
     monkeypatch.setattr(kn, "filter", lambda *a, **kw: (filtered.append(a[0]), run_filter(*a, **kw)))
     for k in (1, 10, 100):
         steps.clear()
         assert_parity(g, s.backend, queries, k)
         if filtered:  # the sample's kth_largest cleared the list's count before the last batch's filter
-            assert 0 < int(g._tiles.listed[0]) <= filtered[-1]
+            assert 0 < int(g._tiled.tiles.listed[0]) <= filtered[-1]
         assert steps and all(steps) if k < 100 else not any(steps)  # 100: too few units a row for a sample
         if k < 100:
-            assert (g._tiles.theta > 0).any()  # some rows had a threshold to skip tiles by
-    assert not g._tiles.maxima.any() and not g._tiles.tile_maxima.any() and not g._tiles.running.any()
+            assert (g._tiled.tiles.theta > 0).any()  # some rows had a threshold to skip tiles by
+    tiles = g._tiled.tiles
+    assert not tiles.maxima.any() and not tiles.tile_maxima.any() and not tiles.running.any()
     assert bool(filtered) == (ratio == 1)
 
 
@@ -772,9 +776,9 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
     for k in (1, 10, 30):
         maxima = {}
         for running, b in backends.items():
-            tiles, selector = b._tiles, b._selector
+            tiles, selector = b._tiled.tiles, b._tiled.selector
             _, cache, min_q = b._cache(0.9, 0.4)
-            rows, plan, _, _ = b._plan_chunk(queries, min_q)
+            rows, plan, _, _ = b._tiled.plan_chunk(queries, min_q)
             tiles.begin(rows)
             tiles.score(plan, b._arena.post, b._arena.norms, cache, k)
             maxima[running] = tiles.tile_maxima[:rows].clone()
@@ -791,7 +795,7 @@ def test_cuda_running_threshold_is_a_lower_bound(hotpot_paragraphs_jsonl, tmp_pa
         below = maxima[True][~reach]  # the others: read out before it rose past them, or skipped (timing decides)
         assert ((below == 0) | (below == exact[~reach])).all()
         assert_parity(g, s.backend, queries, k)
-        assert not g._tiles.running.any()
+        assert not g._tiled.tiles.running.any()
 
 
 @pytest.mark.gpu
@@ -804,14 +808,14 @@ def test_cuda_filter_lists_every_unit_that_can_reach_the_threshold(hotpot_paragr
     # every unit scored exactly, no threshold, nor a running one: every tile's maximum written
     g = GpuBackend(reader, scorer="cuda", max_batch=32,
                    settings=GpuSettings(sample_scale=0.0, running_threshold=False))
-    tiles, kn = g._tiles, g._tiles.kernels
+    tiles, kn = g._tiled.tiles, g._tiled.tiles.kernels
     _, cache, min_q = g._cache(0.9, 0.4)
-    rows, plan, _, _ = g._plan_chunk(queries, min_q)
+    rows, plan, _, _ = g._tiled.plan_chunk(queries, min_q)
     tiles.begin(rows)
     tiles.score(plan, g._arena.post, g._arena.norms, cache, 1)
     exact = tiles.tile_maxima[:rows].clone()  # row, global tile: the f32 of each tile's f64 maximum
-    g._selector.start(rows, 1)
-    g._selector.finish(lambda: None)
+    g._tiled.selector.start(rows, 1)
+    g._tiled.selector.finish(lambda: None)
     n_units = plan.n_pairs * tiles.tpb
     pair_row = plan.table[plan.pairs_at:plan.pairs_at + plan.n_pairs]
     pair_blk = plan.table[plan.pairs_at + plan.n_pairs:plan.pairs_at + 2 * plan.n_pairs]
@@ -850,7 +854,7 @@ def test_cuda_single_query_plan_on_the_device(arguana, hotpot):
 
     for reader, _, queries in (arguana, hotpot):
         g = GpuBackend(reader, scorer="cuda", max_batch=8)
-        tiles = g._tiles
+        tiles = g._tiled.tiles
         assert g.plan.table_bytes > 0 and g.describe()["query_tables_bytes"] == g.plan.table_bytes
         post = g._arena.post.cpu().numpy().view(np.uint32)
         n_blocks, planner = tiles.n_blocks, g.device_arrays()["planner"]
@@ -907,7 +911,7 @@ def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypa
         g = GpuBackend(reader, scorer="cuda", max_batch=8, term_order=term_order)
         assert g.describe()["single_query_graph"]
         captures, launches = [], []
-        copies = g._tiles.copies
+        copies = g._tiled.tiles.copies
         capture, launch = copies.capture, copies.launch_graph
         monkeypatch.setattr(copies, "capture", lambda *a: (captures.append(1), capture(*a))[1])
         monkeypatch.setattr(copies, "launch_graph", lambda *a: (launches.append(1), launch(*a)))

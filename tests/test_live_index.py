@@ -23,7 +23,8 @@ from indexer.readers import iter_documents
 from indexer.readers.model import Document
 from indexer.reader import IndexReader, InvalidIndexError
 from indexer.segments import LiveIndex, LiveIndexError, LiveIndexLocked, MergePolicy, is_live
-from indexer.writer import BuildOptions, build_index_from_documents
+from indexer.options import BuildOptions
+from indexer.writer import build_index_from_documents
 from ragserve.retrieval.live import LiveSearcher
 from ragserve.retrieval.searcher import Searcher
 

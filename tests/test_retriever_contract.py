@@ -35,7 +35,8 @@ BACKEND_OPTIONS = {"gpu": {} if torch.cuda.is_available() else {"device": "cpu"}
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, minilm):
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
     from ragserve.retrieval.dense import build_dense_index
 
     d = tmp_path_factory.mktemp("contract")

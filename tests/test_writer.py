@@ -19,7 +19,8 @@ import pytest
 from indexer import layout as L
 from indexer.analyzer import Analyzer
 from indexer.reader import IndexReader, InvalidIndexError
-from indexer.writer import BuildError, BuildOptions, build_index_from_documents
+from indexer.options import BuildError, BuildOptions
+from indexer.writer import build_index_from_documents
 from indexer import bm25
 
 
@@ -143,7 +144,8 @@ def test_interrupted_build_leaves_nothing(tmp_path, exc, workers):
 def test_ctrl_c_stops_a_pool_build_and_leaves_nothing(tmp_path):
     """SIGINT to the whole process group (Ctrl-C) while workers run: the build stops at once, leaving nothing."""
     script = ("import itertools, sys\n"
-              "from indexer.writer import BuildOptions, build_index_from_documents\n"
+              "from indexer.options import BuildOptions\n"
+              "from indexer.writer import build_index_from_documents\n"
               "from tests.test_writer import _corpus\n"
               "docs = itertools.chain.from_iterable(itertools.repeat(_corpus(2000), 10_000))\n"
               "build_index_from_documents(docs, sys.argv[1], BuildOptions(progress=False, workers=2))\n")
@@ -261,10 +263,11 @@ def _reference_shard(parts: list[tuple], remap: np.ndarray, log2_bs: int, tf_bit
 
 
 def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
-    """_write_shard (counting sort on two threads, numba block tables) against a plain construction."""
+    """write_shard (counting sort on two threads, numba block tables) against a plain construction."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from indexer.writer import _Checksums, _write_shard
+    from indexer.files import Checksums
+    from indexer.packing import write_shard
 
     rng = np.random.default_rng(0)
     log2_bs, tf_bits, V = 8, 6, 300
@@ -278,7 +281,7 @@ def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
     norms = rng.integers(0, 256, 1000).astype(np.uint8)
     cache = rng.random(256).astype(np.float32)
     wants = []
-    with _Checksums(tmp_path) as sums, ThreadPoolExecutor(2) as pool:
+    with Checksums(tmp_path) as sums, ThreadPoolExecutor(2) as pool:
         # Three runs (the two scatter halves cut inside the second), one run, none.
         for i, runs in enumerate((parts, parts[1:2], [])):
             d = tmp_path / f"shard{i}"
@@ -287,7 +290,7 @@ def test_shard_counting_sort_matches_a_lexsort_reference(tmp_path):
                 L.POSTINGS: np.zeros(0, np.uint32), L.TERM_PTR: np.zeros(V + 1, np.uint32),
                 L.BLK_START: np.zeros(1, np.uint32), L.FINE_PTR: np.zeros(1, np.uint32)}
             entries = want[L.BLK_START].size - 1
-            got = _write_shard(d, runs, remap, entries, log2_bs, tf_bits, norms, cache, pool, sums, fine_block=16)
+            got = write_shard(d, runs, remap, entries, log2_bs, tf_bits, norms, cache, pool, sums, fine_block=16)
             assert got == (want[L.POSTINGS].size, entries, want[L.FINE_PTR][-1])
             wants.append((d, want))
         files = sums.files()  # waits for the background writes

@@ -38,12 +38,12 @@ def main(hotpot_index: str, hotpot_jsonl: str, arguana_index: str, arguana_queri
     small = GpuBackend(reader, device="cpu", scorer="triton", max_batch=2,
                        settings=GpuSettings(peek=8, min_capacity=16, candidates_per_hit=0))
     launches = []
-    launch = small._launch_chunk
-    small._launch_chunk = lambda *a: (launches.append(1), launch(*a))
+    launch = small._tiled.launch_chunk
+    small._tiled.launch_chunk = lambda *a: (launches.append(1), launch(*a))
     bad["hotpot k=100, small capacity"] = mismatches(small, s.backend, qs, 100)
     bad["hotpot k=100, small capacity: no batch scored again"] = int(len(launches) <= 3)
     # The collect kernel leaves the maxima zero for the next batch.
-    bad["maxima left nonzero"] = sum(int((b._tiles.maxima != 0).sum() + (b._tiles.tile_maxima != 0).sum())
+    bad["maxima left nonzero"] = sum(int((b._tiled.tiles.maxima != 0).sum() + (b._tiled.tiles.tile_maxima != 0).sum())
                                      for b in (g, small))
     reader = IndexReader(arguana_index)
     s = Searcher(reader, backend="cpu", threads=1)

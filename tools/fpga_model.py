@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from indexer.reader import IndexReader
-from ragserve.kernels.fpga.host import ACC_GAP, CACHE_SIZE, CHUNK_BEATS, LANES, NUM_STATS, STAT_NAMES
+from ragserve.kernels.fpga.backend import ACC_GAP, CACHE_SIZE, CHUNK_BEATS, LANES, NUM_STATS, STAT_NAMES
 from indexer.bm25 import QueryTerms
 
 S = {name: i for i, name in enumerate(STAT_NAMES)}

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_check(args: argparse.Namespace) -> int:
     from ragserve.attention import AttentionError
     from ragserve.attention.check import CheckSpec, run_check as check
-    from ragserve.kernels.fpga.host import FpgaUnavailableError
+    from ragserve.kernels.fpga.backend import FpgaUnavailableError
 
     spec = CheckSpec(method=args.method, context=args.context, budget=args.budget, page_size=args.page_size,
                      block_size=args.block_size, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,

@@ -153,7 +153,7 @@ def _read(args: argparse.Namespace):
 
 
 def run_build_index(args: argparse.Namespace) -> int:
-    from indexer.writer import BuildError
+    from indexer.options import BuildError
     from ragserve.rag.corpus import build_dataset_index
     from ragserve.rag.datasets import DatasetError
 

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from indexer.readers import CorpusError
-    from indexer.writer import BuildError, BuildOptions, build_index
+    from indexer.options import BuildError, BuildOptions
+    from indexer.writer import build_index
     from indexer.bm25 import check_params
 
     for path in args.inputs:

@@ -16,11 +16,13 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from indexer.analysis import CHUNK_DOCS, ChunkAnalyser
 from indexer.analyzer import Analyzer
+from indexer.options import BuildError, BuildOptions
 from indexer.readers import CorpusError, ReadStats, iter_documents
 from indexer.readers.model import MAX_ERRORS
-from indexer.writer import (CHUNK_DOCS, BuildError, BuildOptions, ChunkAnalyser, ShardInputs, ShardJob,
-                            build_index_from_analysed, read_counts, write_shard_job)
+from indexer.packing import ShardInputs, ShardJob, write_shard_job
+from indexer.writer import build_index_from_analysed, read_counts
 from ragserve.distributed import connect
 
 # Fields of the manifest that describe the build rather than the index (FORMAT.md): the rest is identical.

@@ -46,12 +46,12 @@ def _load_gpu() -> type[Backend]:
 
 
 def _load_fpga() -> type[Backend]:
-    from ragserve.kernels.fpga.backend import FpgaBackend
+    from ragserve.kernels.fpga.xrt.backend import FpgaBackend
     return FpgaBackend
 
 
 def _load_fpga_sim() -> type[Backend]:
-    from ragserve.kernels.fpga.sim import FpgaSimBackend
+    from ragserve.kernels.fpga.csim.backend import FpgaSimBackend
     return FpgaSimBackend
 
 

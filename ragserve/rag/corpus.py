@@ -34,7 +34,8 @@ def build_dataset_index(examples: list[Example], out_dir: str | Path, corpus_pat
                         overwrite: bool = False, workers: int = 0, progress: bool = False) -> dict:
     """Write the examples' paragraphs to ``corpus_path`` (default ``<out_dir>.corpus.jsonl``) and index them
     into ``out_dir``; returns the index manifest."""
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
 
     passages = dataset_passages(examples)
     if not passages:

@@ -108,7 +108,8 @@ class Ragserve(Engine):
     name = "ragserve"
 
     def build(self, docs, out, corpus):
-        from indexer.writer import BuildOptions, build_index
+        from indexer.options import BuildOptions
+        from indexer.writer import build_index
 
         # What ``ragserve index`` runs: its own reader, parsing included in the time.
         m = build_index([corpus], out, BuildOptions(progress=False, workers=self.threads))

@@ -156,7 +156,8 @@ def build_both(corpus: Path, workdir: Path) -> tuple[Path, Path, dict[str, float
     """Index ``corpus`` with Lucene and ragserve under ``workdir``; returns both dirs and build seconds."""
     import time
 
-    from indexer.writer import BuildOptions, build_index
+    from indexer.options import BuildOptions
+    from indexer.writer import build_index
 
     lucene_dir, ours_dir = workdir / "lucene", workdir / "ragserve"
     secs = {"lucene": lucene.index_beir(corpus, lucene_dir, threads=1)}

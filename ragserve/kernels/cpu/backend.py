@@ -61,8 +61,6 @@ class CpuTuning:
     fuse_norms: bool = True
 
 
-_SHARD_ARRAYS = ("postings", "term_ptr", "blk_id", "blk_start", "blk_maxq", "blk_maxtf", "blk_minnorm", "fine_ptr",
-                 "fine_maxq", "fine_last")  # search_shard's first arguments
 HUGE_PAGE = 2 << 20
 
 
@@ -108,13 +106,21 @@ class _Buffers:
         self.stats = np.zeros(S.N_STATS, dtype=np.int64)  # counts accumulate here unless a caller asks for them
         self.k = 0
         self.top = np.empty(0, dtype=np.uint64)
+        self._scratch: tuple = ()
 
-    def top_keys(self, k: int) -> np.ndarray:
-        """The top-k buffer for k (2k keys: ``selection.flush_block`` reads k from its size)."""
+    def scratch(self, k: int, stats: np.ndarray | None = None) -> tuple:
+        """The kernels' ``search.Scratch`` for top-k (2k keys: ``selection.flush_block`` reads k from their
+        number), as the plain tuple they take; ``stats`` counts the work instead of the buffers' own counters."""
         if k != self.k:
             self.k = k
             self.top = np.empty(2 * k, dtype=np.uint64)
-        return self.top
+            self._scratch = ()
+        if stats is not None:
+            return tuple(S.Scratch(self.acc, self.live, self.touched, self.cands, self.top, self.st, stats))
+        if not self._scratch:
+            self._scratch = tuple(S.Scratch(self.acc, self.live, self.touched, self.cands, self.top, self.st,
+                                            self.stats))
+        return self._scratch
 
 
 class CpuBackend(Backend):
@@ -141,9 +147,14 @@ class CpuBackend(Backend):
         self._executor = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         # Materialise the memory maps once: numba kernels take plain arrays.
         self._shards = [(s, self._arrays(s)) for s in index.shards]
-        self._shard_args = tuple((tuple(a[n] for n in _SHARD_ARRAYS), int(s.block_start), int(s.block_end))
+        # The kernels' arguments (``search.Shard``, ``search.Layout``, ``search.Tuning``) as the plain tuples they
+        # take: built once.
+        self._shard_args = tuple(tuple(S.Shard(tuple(S.ShardArrays(**a)), int(s.block_start), int(s.block_end)))
                                  for s, a in self._shards)
         self._fine_block = index.fine_block or L.DEFAULT_FINE_BLOCK
+        self._layout = tuple(S.Layout(self._norms, self._fine_block, index.block_size, index.tf_bits, self._fused))
+        t = self.tuning
+        self._kernel_tuning = tuple(S.Tuning(prune, t.seed, t.seed_exact, t.probe_ratio, t.prefetch_norms))
         self._caches: dict[tuple, tuple[np.ndarray, bool, tuple]] = {}
         # Smallest value of each cache, by its id (for search.sum_is_exact). Never cleared, so a search holding a
         # cache dropped from ``_caches`` still finds it; a float per avgdl a live index ever had.
@@ -223,10 +234,10 @@ class CpuBackend(Backend):
             return np.nextafter(x.astype(np.float32), np.float32(np.inf))  # rounded up, whatever f32 rounding did
 
         out = []
-        for arrays, b0, b1 in self._shard_args:
-            a = list(arrays)
-            a[4], a[8] = scaled(a[4]), scaled(a[8])  # blk_maxq, fine_maxq (``_SHARD_ARRAYS``)
-            out.append((tuple(a), b0, b1))
+        for shard in map(S.Shard._make, self._shard_args):
+            a = S.ShardArrays(*shard.arrays)
+            a = a._replace(blk_maxq=scaled(a.blk_maxq), fine_maxq=scaled(a.fine_maxq))
+            out.append(tuple(shard._replace(arrays=tuple(a))))
         if len(self._scaled) > 8:
             self._scaled.clear()
         got = self._scaled[r] = tuple(out)
@@ -269,18 +280,13 @@ class CpuBackend(Backend):
         except queue.Empty:
             buf = _Buffers(self._window)
         try:
-            top = buf.top_keys(k)
-            t = self.tuning
-            ix = self.index
-            docs, scores = S.search_query(
-                args or self._shard_args, self._fine_block, self._norms, cache, self._min_q[id(cache)], q.term_ids,
-                q.weights, default_params, self.prune, t.seed, t.seed_exact, k, ix.block_size, ix.tf_bits,
-                self._fused, self._window, t.probe_ratio, t.prefetch_norms, buf.acc, buf.live, buf.touched,
-                buf.cands, top, buf.st, buf.stats if stats is None else stats)
+            docs, scores = S.search_query(args or self._shard_args, self._layout, self._window, cache,
+                                          self._min_q[id(cache)], q.term_ids, q.weights, default_params, k,
+                                          self._kernel_tuning, buf.scratch(k, stats))
             if docs.size or buf.st[0] <= SMALL_TOPK:
                 return TopK(docs, scores), 0.0
             t1 = time.perf_counter()
-            docs, scores = topk_sorted(top, buf.st, k)
+            docs, scores = topk_sorted(buf.top, buf.st, k)
             return TopK(docs, scores), time.perf_counter() - t1
         finally:
             self._pool.put(buf)

@@ -26,6 +26,7 @@ The stages it strings together live in ``relevancy`` (term scores into the accum
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -33,6 +34,90 @@ from numba import njit
 from ragserve.kernels.cpu.hints import LINE, prefetch
 from ragserve.kernels.cpu.relevancy import F1, NORM_BITS, probe_entry, scan_entry, score_blocks, score_entry
 from ragserve.kernels.cpu.selection import SMALL_TOPK, flush_block, initial_key, key_score, prune_candidates, topk_small
+
+
+# The kernels' arguments, named. Python hands each to numba as a plain tuple of the fields (``tuple(Tuning(...))``)
+# and the entry points name it again (``Tuning(*tuning)``): numba types a plain tuple in C at each call, a
+# NamedTuple in Python (measured 2-5 us a call for these, a fifth of a short query on a small index).
+class ShardArrays(NamedTuple):
+    """A shard's arrays as the traversal reads them (FORMAT.md)."""
+
+    postings: np.ndarray
+    term_ptr: np.ndarray
+    blk_id: np.ndarray
+    blk_start: np.ndarray
+    blk_maxq: np.ndarray
+    blk_maxtf: np.ndarray
+    blk_minnorm: np.ndarray
+    fine_ptr: np.ndarray
+    fine_maxq: np.ndarray
+    fine_last: np.ndarray
+
+
+class Shard(NamedTuple):
+    """A shard to search: its arrays (``ShardArrays`` fields) and its doc blocks [block_lo, block_hi)."""
+
+    arrays: tuple
+    block_lo: int
+    block_hi: int
+
+
+class Layout(NamedTuple):
+    """How an index's postings are packed: its norms (empty where ``fused``: each posting carries its doc's length
+    byte, ``relevancy.fuse_norms``), postings per fine block, docs per block and tf bits."""
+
+    norms: np.ndarray
+    fine_block: int
+    block_size: int
+    tf_bits: int
+    fused: bool
+
+
+class Tuning(NamedTuple):
+    """The traversal's settings (``backend.CpuTuning``): ``prune`` off scores every posting (the exhaustive
+    reference); ``seed``, ``seed_exact``: the first threshold (``initial_threshold``); ``probe_ratio``,
+    ``prefetch_norms``: ``search_shard``."""
+
+    prune: bool
+    seed: bool
+    seed_exact: int
+    probe_ratio: int
+    prefetch_norms: bool
+
+
+class Scratch(NamedTuple):
+    """A thread's scratch for one query: one window's f64 accumulator, live marks (u8) and doc offsets
+    (``touched``, ``cands``), the top-k keys (2k: ``selection.flush_block``), the top-k state and the work
+    counters (``ST_*``)."""
+
+    acc: np.ndarray
+    live: np.ndarray
+    touched: np.ndarray
+    cands: np.ndarray
+    top: np.ndarray
+    state: np.ndarray
+    stats: np.ndarray
+
+
+class Segment(NamedTuple):
+    """One shard of one of several indexes searched as one (``search_segments``)."""
+
+    shard: tuple  # ``Shard`` fields
+    layout: tuple  # ``Layout`` fields
+    deleted: np.ndarray  # u8 per doc (1: deleted), or empty
+    doc_off: int  # the index's first docid in the shared docid space
+    row: int  # the row of the query's term ids in this index
+    bounds: bool  # whether the layout's bounds apply (the layout's k1 and b, bounds scaled to the live avgdl)
+    window: int
+    seed: bool  # seed the threshold from this shard
+
+
+class TermScratch(NamedTuple):
+    """``search_shard``'s per-term scratch (``term_scratch``), allocated once a query, not once a shard."""
+
+    ints: np.ndarray  # [7, terms]: block entry cursor and end, entry, posting cursor and end, window end, order
+    floats: np.ndarray  # [2, terms]: the window bound, the sum of the bounds after each term in MaxScore order
+    cq: np.ndarray  # [terms]: the q bound of the term's block entry
 
 # Slack on f64 sums of bounds, per query term: 2^-50 = 8 f64 ulps, covering the rounding of summing n bounds in any
 # order (and, without an exact sum, of the scores' own sum), far below one f32 ulp.
@@ -50,6 +135,13 @@ ST_FLUSHED = 7  # documents offered to the top-k
 ST_PUSHES = 8  # of those, inserted
 ST_DEAD_POSTINGS = 9  # postings of essential terms passed over in fine blocks whose bounds cannot win
 N_STATS = 10
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _shard(t):
+    """A ``Shard`` as Python passes it (a plain tuple, its arrays one too), named."""
+    s = Shard(*t)
+    return Shard(ShardArrays(*s.arrays), s.block_lo, s.block_hi)
 
 
 @njit(nogil=True, cache=True, error_model="numpy", inline="always")
@@ -93,9 +185,9 @@ def _window_end(postings, fine_maxq, fine_last, pos, pend, f, fend, fstart, fine
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, fine_block, norms, cache, term_ids,
-                      weights, default_params, k, block_size, tf_bits, fused, exact_limit, deleted):
-    """A score that at least k documents of the shard reach (0.0 if none is known), to prune from the first window.
+def initial_threshold(arrays, layout, cache, term_ids, weights, bounds, k, exact_limit, deleted):
+    """A score that at least k documents of the shard reach (0.0 if none is known), to prune from the first window
+    (``arrays``: ``ShardArrays``, ``layout``: ``Layout``, ``bounds``: whether the layout's bounds apply).
 
     A document's score is at least each of its term scores, so k distinct postings of one term give one: the
     k-th largest exact score of the postings of the heaviest term with at least k postings, over all of them up
@@ -103,6 +195,10 @@ def initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq
     over its bounds). Bounded work: a few microseconds a query. ``deleted`` (u8 per doc, or empty) marks deleted
     documents, whose postings do not count: looked up only for the postings at or above the candidate score (a
     look-up per gathered posting, at random in the marks, cost more than the seed saved)."""
+    postings, term_ptr, blk_id, blk_start = arrays.postings, arrays.term_ptr, arrays.blk_id, arrays.blk_start
+    fine_ptr, fine_maxq = arrays.fine_ptr, arrays.fine_maxq
+    norms, fine_block, block_size = layout.norms, layout.fine_block, layout.block_size
+    tf_bits, fused = layout.tf_bits, layout.fused
     tfb = np.uint32(tf_bits)
     shift = np.uint32(tf_bits + NORM_BITS) if fused else tfb
     mask = np.uint32((1 << tf_bits) - 1)
@@ -123,7 +219,7 @@ def initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq
     nf = np.int64(fine_ptr[e1]) - f0
     cut = np.float32(-1.0)  # exact scores of the postings of the blocks whose bound is at least this
     if n_post > exact_limit:
-        if not default_params:
+        if not bounds:
             return np.float32(0.0)  # no bounds to choose blocks by
         nb = min(nf, (2 * k + fine_block - 1) // fine_block)
         top = np.zeros(nb, dtype=np.float32)  # the nb largest bounds, ascending (insertion: nb is small)
@@ -176,37 +272,45 @@ def initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def seed_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, fine_block, norms, cache, term_ids,
-                   weights, default_params, k, block_size, tf_bits, fused, exact_limit, deleted, st):
-    """Start the top-k buffer's threshold at ``initial_threshold`` (``selection.initial_key``) where it is above
-    the current one."""
-    score = initial_threshold(postings, term_ptr, blk_id, blk_start, fine_ptr, fine_maxq, fine_block, norms, cache,
-                              term_ids, weights, default_params, k, block_size, tf_bits, fused, exact_limit, deleted)
+def seed_threshold(arrays, layout, cache, term_ids, weights, bounds, k, exact_limit, deleted, state):
+    """Start the top-k's threshold (``state``: ``Scratch.state``) at ``initial_threshold``
+    (``selection.initial_key``) where it is above the current one."""
+    score = initial_threshold(arrays, layout, cache, term_ids, weights, bounds, k, exact_limit, deleted)
     if score > 0.0:
         key = initial_key(score)
-        if key > st[1]:
-            st[1] = key
+        if key > state[1]:
+            state[1] = key
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, fine_ptr, fine_maxq,
-                 fine_last, fine_block, norms, cache, term_ids, weights, default_params, exact_sum, prune, k,
-                 block_size, tf_bits, fused, block_lo, block_hi, window, probe_ratio, prefetch_norms, acc, live,
-                 touched, cands, buf, st, stats, doc_off, deleted, iw, fw, cq):
-    """Add one shard's matches to the top-k buffer (``selection.flush_block``: keys ``buf``, state ``st``).
+def search_shard(shard, layout, window, cache, term_ids, weights, bounds, exact_sum, k, tuning, scratch, work, doc_off,
+                 deleted):
+    """Add one shard's matches (``shard``: a ``Shard`` of ``ShardArrays``, ``layout``: ``Layout``) to the top-k
+    (``selection.flush_block``: keys ``scratch.top``, state ``scratch.state``).
 
-    ``window`` (a power of two, at most ``block_size``) is the docs per window, and ``acc``, ``live`` (u8 marks
-    of the docs still candidates), ``touched`` and ``cands`` hold one window (``acc`` and ``live`` zero on entry
-    and exit). A non-essential term is probed by binary search
-    when ``candidates * probe_ratio`` is below its postings in the window, else scanned. Without ``prune``
-    every posting is scored (the exhaustive reference). Docids enter the top-k plus ``doc_off`` (several segments
+    ``window`` (a power of two, at most the block size) is the docs per window, and the scratch's ``acc``,
+    ``live`` (u8 marks of the docs still candidates), ``touched`` and ``cands`` hold one window (``acc`` and
+    ``live`` zero on entry and exit). A non-essential term is probed by binary search when ``candidates *
+    tuning.probe_ratio`` is below its postings in the window, else scanned. Without ``tuning.prune`` every
+    posting is scored (the exhaustive reference). ``bounds``: whether the layout's bounds apply (else each block
+    entry's is taken from its max tf and min norm). Docids enter the top-k plus ``doc_off`` (several segments
     share one top-k: ``search_segments``), and documents ``deleted`` marks (u8 per doc, or empty) never enter it.
-    ``iw``, ``fw``, ``cq``: per-term scratch (``shard_scratch``), allocated once a query, not once a shard."""
+    ``work``: ``TermScratch``."""
+    a = shard.arrays
+    postings, term_ptr, blk_id, blk_start = a.postings, a.term_ptr, a.blk_id, a.blk_start
+    blk_maxq, blk_maxtf, blk_minnorm = a.blk_maxq, a.blk_maxtf, a.blk_minnorm
+    fine_ptr, fine_maxq, fine_last = a.fine_ptr, a.fine_maxq, a.fine_last
+    norms, fine_block, block_size = layout.norms, layout.fine_block, layout.block_size
+    tf_bits, fused = layout.tf_bits, layout.fused
+    prune, probe_ratio, prefetch_norms = tuning.prune, tuning.probe_ratio, tuning.prefetch_norms
+    acc, live, touched, cands = scratch.acc, scratch.live, scratch.touched, scratch.cands
+    buf, st, stats = scratch.top, scratch.state, scratch.stats
     nq = term_ids.size
     slack = 1.0 + (nq + 1) * SLACK_PER_TERM
     tfb = np.uint32(tf_bits)
     shift = np.uint32(tf_bits + NORM_BITS) if fused else tfb
     mask = np.uint32((1 << tf_bits) - 1)
+    iw = work.ints
     cur = iw[0]
     end = iw[1]
     for i in range(nq):
@@ -217,10 +321,10 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
     pend = iw[4]
     wend = iw[5]  # the term's first posting past the current window
     order = iw[6]
-    wb = fw[0]  # the term's bound in the window (0: no posting there)
-    remaining = fw[1]
-    # cq: the term's q bound in the block entry
-    for b in range(block_lo, block_hi):
+    wb = work.floats[0]  # the term's bound in the window (0: no posting there)
+    remaining = work.floats[1]
+    cq = work.cq  # the term's q bound in the block entry
+    for b in range(shard.block_lo, shard.block_hi):
         base = np.int64(b) * block_size
         total = 0.0
         present = 0
@@ -234,7 +338,7 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
                 ent[i] = e
                 pos[i] = blk_start[e]
                 pend[i] = blk_start[e + 1]
-                cq[i] = blk_maxq[e] if default_params else np.float32(blk_maxtf[e]) * cache[blk_minnorm[e]]
+                cq[i] = blk_maxq[e] if bounds else np.float32(blk_maxtf[e]) * cache[blk_minnorm[e]]
                 total += _bound(weights[i], cq[i])
                 present += 1
         if present == 0:
@@ -266,7 +370,7 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
                 if we == pos[i]:
                     continue
                 wend[i] = we
-                wb[i] = _bound(weights[i], mq if default_params else cq[i])
+                wb[i] = _bound(weights[i], mq if bounds else cq[i])
                 total += wb[i]
                 n_w += 1
             stats[ST_WINDOWS] += 1
@@ -311,11 +415,11 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
             for j in range(m_ess):
                 i = order[j]
                 others = 0.0
-                if prune and heap_full and default_params:
+                if prune and heap_full and bounds:
                     for jj in range(n_o):
                         if order[jj] != i:
                             others += wb[order[jj]]
-                if prune and heap_full and default_params and np.float32(others * slack) < theta:
+                if prune and heap_full and bounds and np.float32(others * slack) < theta:
                     # Block-max: this term's fine blocks whose bound cannot lift any doc of theirs above theta.
                     e = ent[i]
                     f0 = np.int64(fine_ptr[e])
@@ -375,9 +479,10 @@ def search_shard(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def shard_scratch(nq):
+def term_scratch(nq):
     """``search_shard``'s per-term scratch for up to ``nq`` terms."""
-    return np.empty((7, nq), dtype=np.int64), np.empty((2, nq), dtype=np.float64), np.empty(nq, dtype=np.float32)
+    return TermScratch(np.empty((7, nq), dtype=np.int64), np.empty((2, nq), dtype=np.float64),
+                       np.empty(nq, dtype=np.float32))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -400,50 +505,47 @@ def sum_is_exact(weights, min_q):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def search_query(shards, fine_block, norms, cache, min_q, term_ids, weights, default_params, prune, seed, seed_exact,
-                 k, block_size, tf_bits, fused, window, probe_ratio, prefetch_norms, acc, live, touched, cands, buf,
-                 st, stats):
-    """One query's whole pass in one call (the per-call costs of several are a few percent of a short query):
-    the exactness test, the seeded threshold, ``search_shard`` over ``shards`` in docid order (each shard a tuple
-    of its ``search_shard`` arrays, first and last doc block), and, when at most ``SMALL_TOPK`` keys are kept, their
-    ranking. Returns (docids, f32 scores) best first, or two empty arrays with more keys kept (``st[0]``: the
-    caller ranks ``buf[:st[0]]``). ``buf`` holds 2k keys; ``st`` is reset here."""
+def search_query(shards, layout, window, cache, min_q, term_ids, weights, bounds, k, tuning, scratch):
+    """One query's whole pass over one index in one call (the per-call costs of several are a few percent of a
+    short query): the exactness test, the seeded threshold, ``search_shard`` over ``shards`` (``Shard`` tuples,
+    in docid order) and, when at most ``SMALL_TOPK`` keys are kept, their ranking. ``layout``: ``Layout``,
+    ``tuning``: ``Tuning``, ``scratch``: ``Scratch`` (its state is reset here; its top-k holds 2k keys); ``bounds``:
+    whether the layout's bounds apply. Returns (docids, f32 scores) best first, or two empty arrays with more
+    keys kept (``scratch.state[0]``: the caller ranks ``scratch.top[:state[0]]``)."""
+    layout = Layout(*layout)
+    tuning = Tuning(*tuning)
+    scratch = Scratch(*scratch)
+    st = scratch.state
     st[0] = 0
     st[1] = 0
     st[2] = 0
     exact = sum_is_exact(weights, min_q)
     tids = term_ids.astype(np.int64)
     none = np.zeros(0, dtype=np.uint8)
-    iw, fw, cq = shard_scratch(tids.size)
-    if prune and seed:
+    work = term_scratch(tids.size)
+    if tuning.prune and tuning.seed:
         for sh in shards:
-            a = sh[0]
-            seed_threshold(a[0], a[1], a[2], a[3], a[7], a[8], fine_block, norms, cache, tids, weights,
-                           default_params, k, block_size, tf_bits, fused, seed_exact, none, st)
+            seed_threshold(_shard(sh).arrays, layout, cache, tids, weights, bounds, k, tuning.seed_exact, none, st)
     for sh in shards:  # in docid order: the top-k carries the k-th score across shards
-        a = sh[0]
-        search_shard(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], fine_block, norms, cache, tids,
-                     weights, default_params, exact, prune, k, block_size, tf_bits, fused, sh[1], sh[2], window,
-                     probe_ratio, prefetch_norms, acc, live, touched, cands, buf, st, stats, 0, none, iw, fw, cq)
+        search_shard(_shard(sh), layout, window, cache, tids, weights, bounds, exact, k, tuning, scratch, work, 0, none)
     if st[0] > SMALL_TOPK:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-    return topk_small(buf, np.int64(st[0]), k)
+    return topk_small(scratch.top, np.int64(st[0]), k)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def search_segments(segs, terms, weights, cache, min_q, prune, seed, seed_exact, k, probe_ratio, prefetch_norms, acc,
-                    live, touched, cands, buf, st, stats):
+def search_segments(segments, terms, weights, cache, min_q, k, tuning, scratch):
     """One query over several indexes (a live index's segments, ``retrieval/live.py``) into ONE top-k: one call
     however many segments, where a call per segment costs its dispatch, a top-k and a merge each.
 
-    ``segs`` (a numba typed List, in docid order) holds a tuple per shard of each segment: (its ``search_shard``
-    arrays, first and last doc block, norms, deleted marks (u8 per doc, or empty), the segment's first docid in
-    the shared docid space, its row of ``terms``, fine block, block size, tf bits, fused, whether the layout's
-    bounds apply (scaled to the live avgdl where it differs), window, whether to seed the threshold from it).
-    ``terms[row]`` holds the query's term ids in that segment (-1: not there), the order of ``weights`` (the
+    ``segments`` (a numba typed List, in docid order) holds a ``Segment`` tuple per shard of each index.
+    ``terms[row]`` holds the query's term ids in a segment's index (-1: not there), the order of ``weights`` (the
     canonical order in every segment: their vocabularies are sorted alike); ``cache`` is the norm cache of the
     collection's statistics, the same for every segment. Docids returned are in the shared space (a segment's
     first docid plus its local docid). Returns as ``search_query`` does."""
+    tuning = Tuning(*tuning)
+    scratch = Scratch(*scratch)
+    st = scratch.state
     st[0] = 0
     st[1] = 0
     st[2] = 0
@@ -451,15 +553,15 @@ def search_segments(segs, terms, weights, cache, min_q, prune, seed, seed_exact,
     nq = weights.size
     tids = np.empty(nq, dtype=np.int64)
     wts = np.empty(nq, dtype=weights.dtype)
-    iw, fw, cq = shard_scratch(nq)
+    work = term_scratch(nq)
     for phase in range(2):  # 0: seed the threshold from the segments marked for it; 1: search
-        if phase == 0 and not (prune and seed):
+        if phase == 0 and not (tuning.prune and tuning.seed):
             continue
-        for s in segs:
-            a = s[0]
-            if phase == 0 and not s[13]:
+        for entry in segments:
+            seg = Segment(*entry)
+            if phase == 0 and not seg.seed:
                 continue
-            row = terms[s[6]]
+            row = terms[seg.row]
             n = 0
             for i in range(nq):
                 if row[i] >= 0:
@@ -468,39 +570,40 @@ def search_segments(segs, terms, weights, cache, min_q, prune, seed, seed_exact,
                     n += 1
             if n == 0:
                 continue
+            shard = _shard(seg.shard)
+            layout = Layout(*seg.layout)
             if phase == 0:
-                seed_threshold(a[0], a[1], a[2], a[3], a[7], a[8], s[7], s[3], cache, tids[:n], wts[:n], s[11], k,
-                               s[8], s[9], s[10], seed_exact, s[4], st)
+                seed_threshold(shard.arrays, layout, cache, tids[:n], wts[:n], seg.bounds, k, tuning.seed_exact,
+                               seg.deleted, st)
             else:
-                search_shard(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], s[7], s[3], cache, tids[:n],
-                             wts[:n], s[11], exact, prune, k, s[8], s[9], s[10], s[1], s[2], s[12], probe_ratio,
-                             prefetch_norms, acc, live, touched, cands, buf, st, stats, s[5], s[4], iw, fw, cq)
+                search_shard(shard, layout, seg.window, cache, tids[:n], wts[:n], seg.bounds, exact, k, tuning,
+                             scratch, work, seg.doc_off, seg.deleted)
     if st[0] > SMALL_TOPK:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-    return topk_small(buf, np.int64(st[0]), k)
+    return topk_small(scratch.top, np.int64(st[0]), k)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def fold_layouts(layouts, rowmaps, n_rows, block_offs):
-    """Several small indexes' search arrays (``search_shard``'s ten, each one shard) as one index whose blocks are
+    """Several small indexes' search arrays (``ShardArrays`` tuples, each one shard) as one index whose blocks are
     theirs side by side: index j's block b becomes block ``block_offs[j] + b``, its term t the term
     ``rowmaps[j][t]`` of a shared vocabulary of ``n_rows`` terms (sorted as theirs are), and each term's block
     entries are those of every index in index order (ascending blocks, as the layout has them). Postings, bounds
     and fine bounds are copied as they are (they are block-relative), so a search of the result scores every
     document exactly as a search of its own index, with its term metadata in one place: ten small delta segments
     searched this way cost what one does (``search_segments``). Needs one block size, tf bits, fine block and
-    norm fusion for all."""
+    norm fusion for all. Returns the ``ShardArrays``."""
     cnt = np.zeros(n_rows, dtype=np.int64)
     n_post = 0
     n_fine = 0
     for j in range(len(layouts)):
-        a = layouts[j]
+        a = ShardArrays(*layouts[j])
         rm = rowmaps[j]
-        tp = a[1]
+        tp = a.term_ptr
         for t in range(tp.size - 1):
             cnt[rm[t]] += np.int64(tp[t + 1]) - np.int64(tp[t])
-        n_post += a[0].size
-        n_fine += a[8].size
+        n_post += a.postings.size
+        n_fine += a.fine_maxq.size
     term_ptr = np.zeros(n_rows + 1, dtype=np.uint32)
     for r in range(n_rows):
         term_ptr[r + 1] = term_ptr[r] + cnt[r]
@@ -509,9 +612,8 @@ def fold_layouts(layouts, rowmaps, n_rows, block_offs):
     src_j = np.empty(n_ent, dtype=np.int64)
     src_e = np.empty(n_ent, dtype=np.int64)
     for j in range(len(layouts)):
-        a = layouts[j]
         rm = rowmaps[j]
-        tp = a[1]
+        tp = ShardArrays(*layouts[j]).term_ptr
         for t in range(tp.size - 1):
             r = rm[t]
             for e in range(np.int64(tp[t]), np.int64(tp[t + 1])):
@@ -532,20 +634,21 @@ def fold_layouts(layouts, rowmaps, n_rows, block_offs):
     for i in range(n_ent):
         j = src_j[i]
         e = src_e[i]
-        a = layouts[j]
-        blk_id[i] = a[2][e] + np.uint32(block_offs[j])
+        a = ShardArrays(*layouts[j])
+        blk_id[i] = a.blk_id[e] + np.uint32(block_offs[j])
         blk_start[i] = p
-        for x in range(np.int64(a[3][e]), np.int64(a[3][e + 1])):
-            postings[p] = a[0][x]
+        for x in range(np.int64(a.blk_start[e]), np.int64(a.blk_start[e + 1])):
+            postings[p] = a.postings[x]
             p += 1
-        blk_maxq[i] = a[4][e]
-        blk_maxtf[i] = a[5][e]
-        blk_minnorm[i] = a[6][e]
+        blk_maxq[i] = a.blk_maxq[e]
+        blk_maxtf[i] = a.blk_maxtf[e]
+        blk_minnorm[i] = a.blk_minnorm[e]
         fine_ptr[i] = f
-        for x in range(np.int64(a[7][e]), np.int64(a[7][e + 1])):
-            fine_maxq[f] = a[8][x]
-            fine_last[f] = a[9][x]
+        for x in range(np.int64(a.fine_ptr[e]), np.int64(a.fine_ptr[e + 1])):
+            fine_maxq[f] = a.fine_maxq[x]
+            fine_last[f] = a.fine_last[x]
             f += 1
     blk_start[n_ent] = p
     fine_ptr[n_ent] = f
-    return (postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, fine_ptr, fine_maxq, fine_last)
+    return ShardArrays(postings, term_ptr, blk_id, blk_start, blk_maxq, blk_maxtf, blk_minnorm, fine_ptr, fine_maxq,
+                       fine_last)

@@ -55,10 +55,9 @@ class SegmentSet:
             _, default, args = be._params(k1, b, avgdl)
             firsts[j] = raw
             window = max(window, be._window)
-            for arrays, lo, hi in args:
-                segs.append((arrays, np.int64(lo), np.int64(hi), be._norms, deleted, np.int64(raw), np.int64(j),
-                             np.int64(be._fine_block), np.int64(be.index.block_size), np.int64(be.index.tf_bits),
-                             bool(be._fused), bool(default), np.int64(be._window), j == seed_part))
+            for shard in args:
+                segs.append(tuple(S.Segment(shard, be._layout, deleted, np.int64(raw), np.int64(j), bool(default),
+                                            np.int64(be._window), j == seed_part)))
             raw += be.index.num_docs
         self.rows = n_head
         if n_head < len(parts):
@@ -68,8 +67,7 @@ class SegmentSet:
         self.firsts = firsts
         self._segs = segs
         self._window = window
-        self._tuning = first.tuning
-        self._prune = first.prune
+        self._tuning = first._kernel_tuning
         self._executor = first._executor
         self._pool: queue.SimpleQueue[_Buffers] = queue.SimpleQueue()
 
@@ -81,7 +79,8 @@ class SegmentSet:
             return False
         kinds = {(len(be._shard_args), be.index.block_size, be.index.tf_bits, be._fine_block, be._fused,
                   be._params(k1, b, avgdl)[1]) for be in bes}
-        return len(kinds) == 1 and next(iter(kinds))[0] == 1 and all(be._shard_args[0][1] == 0 for be in bes)
+        return (len(kinds) == 1 and next(iter(kinds))[0] == 1
+                and all(S.Shard._make(be._shard_args[0]).block_lo == 0 for be in bes))
 
     def _fold(self, parts: list[tuple[CpuBackend, np.ndarray]], rowmaps: list[np.ndarray], n_rows: int, k1: float,
               b: float, avgdl: float, raw: int, firsts: np.ndarray, row: int, seed: bool, segs: List) -> int:
@@ -93,12 +92,12 @@ class SegmentSet:
         offs = np.zeros(len(parts), np.int64)
         nb = 0
         for j, (be, _) in enumerate(parts):
-            arrays, lo, hi = be._params(k1, b, avgdl)[2][0]
-            layouts.append(arrays)
+            shard = S.Shard._make(be._params(k1, b, avgdl)[2][0])
+            layouts.append(shard.arrays)
             maps.append(np.ascontiguousarray(rowmaps[j], dtype=np.int64))
             offs[j] = nb
             firsts[row + j] = raw + nb * bs
-            nb += hi - lo
+            nb += shard.block_hi - shard.block_lo
         folded = S.fold_layouts(layouts, maps, np.int64(n_rows), offs)
         norms = np.zeros(0, np.uint8)
         if not be0._fused:  # the norms side by side as the blocks are (fused postings carry their own)
@@ -111,16 +110,18 @@ class SegmentSet:
             for (_, d), o in zip(parts, offs.tolist()):
                 deleted[o * bs:o * bs + d.size] = d
         window = max(be._window for be, _ in parts)
-        segs.append((folded, np.int64(0), np.int64(nb), norms, deleted, np.int64(raw), np.int64(row),
-                     np.int64(be0._fine_block), np.int64(bs), np.int64(be0.index.tf_bits), bool(be0._fused),
-                     bool(be0._params(k1, b, avgdl)[1]), np.int64(window), seed))
+        layout = S.Layout(norms, np.int64(be0._fine_block), np.int64(bs), np.int64(be0.index.tf_bits), bool(be0._fused))
+        segs.append(tuple(S.Segment(tuple(S.Shard(tuple(folded), np.int64(0), np.int64(nb))), tuple(layout), deleted,
+                                    np.int64(raw), np.int64(row), bool(be0._params(k1, b, avgdl)[1]),
+                                    np.int64(window), seed)))
         return window
 
     @staticmethod
     def can_search(be: CpuBackend) -> bool:
         """Whether a backend's arrays can join a set: copies in memory (the typed List holds one array type; file
         maps are read-only arrays, another type)."""
-        return all(a.flags.writeable for arrays, _, _ in be._shard_args for a in arrays) and be._norms.flags.writeable
+        return (all(a.flags.writeable for shard in map(S.Shard._make, be._shard_args) for a in shard.arrays)
+                and be._norms.flags.writeable)
 
     def search(self, terms: list[np.ndarray], weights: list[np.ndarray], k: int,
                times: StageTimes | None = None) -> list[TopK]:
@@ -141,13 +142,10 @@ class SegmentSet:
         except queue.Empty:
             buf = _Buffers(self._window)
         try:
-            t = self._tuning
-            top = buf.top_keys(k)
-            docs, scores = S.search_segments(self._segs, terms, weights, self.cache, self.min_q, self._prune, t.seed,
-                                             t.seed_exact, k, t.probe_ratio, t.prefetch_norms, buf.acc, buf.live,
-                                             buf.touched, buf.cands, top, buf.st, buf.stats)
+            docs, scores = S.search_segments(self._segs, terms, weights, self.cache, self.min_q, k, self._tuning,
+                                             buf.scratch(k))
             if not docs.size and buf.st[0] > SMALL_TOPK:
-                docs, scores = topk_sorted(top, buf.st, k)
+                docs, scores = topk_sorted(buf.top, buf.st, k)
             return TopK(docs, scores)
         finally:
             self._pool.put(buf)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ragserve.kernels.contract import AttentionError, Relevancy
 from ragserve.kernels.cpu.attention import CpuOps
-from ragserve.kernels.fpga.sim import load_kernel
+from ragserve.kernels.fpga.csim.library import load_kernel
 
 # Mirrors hls_bm25/attn_topk.h.
 MAX_DIM = 256

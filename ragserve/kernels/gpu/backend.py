@@ -19,7 +19,8 @@ Shards that do not fit the memory budget stay on the host and are staged per bat
 run in a pipeline: the host plans batch n + 1 and queues it behind batch n's selection, then ranks batch n's
 candidates while the device scores batch n + 1. A single query the device plans (every shard resident, CUDA kernels)
 is one CUDA graph launch (``graphs``), with or without stage times: the path the searcher, the server and the RAG
-loops take for one query.
+loops take for one query. The two paths are ``pipeline.TiledPath`` and ``pipeline.DensePath``; this backend picks
+the scorer, plans the memory, fills the arena and hands each call to its path on the device.
 
 Tuning comes in one ``GpuSettings`` (``settings=``); the options here choose the path and the device.
 
@@ -29,10 +30,8 @@ Nothing global is touched: every tensor lives on the configured device, and kern
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import threading
-import time
 import warnings
 
 import numpy as np
@@ -47,10 +46,10 @@ from ragserve.kernels.gpu.cuda.kernels import TileKernels
 from ragserve.kernels.gpu.cuda.rtc import RtcError, StreamCopies
 from ragserve.kernels.gpu.graphs import QueryGraphs
 from ragserve.kernels.gpu.memory import DeviceArena, MemoryPlan, MemoryPlanError, plan_memory
-from ragserve.kernels.gpu.planning import (ItemPlanner, Items, QueryTables, flat_shift, plan_queries, plan_tiles,
-                                           tile_size)
-from ragserve.kernels.gpu.relevancy import TileScorer, score_torch
-from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS, TileSelector, select_topk
+from ragserve.kernels.gpu.pipeline import DensePath, TiledPath
+from ragserve.kernels.gpu.planning import ItemPlanner, QueryTables, tile_size
+from ragserve.kernels.gpu.relevancy import TileScorer
+from ragserve.kernels.gpu.selection import METHODS as TOPK_METHODS, TileSelector
 from ragserve.kernels.gpu.settings import GpuSettings
 from ragserve.kernels.gpu.triton import triton_available
 
@@ -122,22 +121,26 @@ class GpuBackend(Backend):
         # Smallest possible q over the index (tf >= 1, longest length present): proves f64 sums exact.
         self._max_norm = int(norms.max()) if norms.size else 0
         self._caches: dict[tuple[float, float], tuple[np.ndarray, torch.Tensor]] = {}
-        self._acc: torch.Tensor | None = None
-        self._tiles: TileScorer | None = None
-        self._selector: TileSelector | None = None
-        self._graphs: QueryGraphs | None = None  # single queries as one graph launch, where the device plans them
+        self._tiled: TiledPath | None = None
+        self._dense: DensePath | None = None
         with self._on_device():
             self._arena = arena = DeviceArena(index, self.plan, self.device, settings.bounce_elems)
-            if tiled:
-                self._tiles = TileScorer(self.num_docs, index.block_size, self.tf_bits, self.plan.rows, self.device,
-                                         settings, kernels, copies)
-                self._selector = TileSelector(self._tiles, self.plan.rows, settings)
-                self._tiles.sample(arena.post, 0, arena.stage_p)  # the resident shards' postings
+            if not tiled:
+                self._dense = DensePath(arena, self._planner, self.plan, self.num_docs, self.tf_bits, self.block_shift,
+                                        self.device, term_order, topk)
+                return
+            tiles = TileScorer(self.num_docs, index.block_size, self.tf_bits, self.plan.rows, self.device, settings,
+                               kernels, copies)
+            selector = TileSelector(tiles, self.plan.rows, settings)
+            tiles.sample(arena.post, 0, arena.stage_p)  # the resident shards' postings
+            graphs = None
             if self.plan.table_bytes:
-                self._tiles.set_query_tables(QueryTables.build(
+                tiles.set_query_tables(QueryTables.build(
                     self._planner, arena.ebase, arena.pbase, [(s.block_start, s.block_end) for s in index.shards],
                     arena.bid, arena.bst, self.device))
-                self._graphs = QueryGraphs(self._tiles, self._selector, settings)
+                graphs = QueryGraphs(tiles, selector, settings)
+            self._tiled = TiledPath(tiles, selector, graphs, arena, self._planner, self.plan, self._n_blocks,
+                                    term_order, self._cuda)
 
     # -- setup --------------------------------------------------------------------------------
     def _plan_memory(self, shard_sizes: list[tuple[int, int]], budget: int, max_batch: int, tiled: bool,
@@ -231,8 +234,9 @@ class GpuBackend(Backend):
 
     def describe(self) -> dict:
         p = self.plan
-        path = ({"tile_docs": self._tiles.tile,
-                 "single_query_graph": self._graphs is not None} if self._tiles is not None else {"topk": self.topk})
+        path = ({"tile_docs": self._tiled.tiles.tile,
+                 "single_query_graph": self._tiled.graphs is not None} if self._tiled is not None
+                else {"topk": self.topk})
         return {"backend": self.name, "device": str(self.device), "scorer": self.scorer,
                 "term_order": self.term_order, **path,
                 "budget_bytes": p.budget, "index_bytes_on_device": p.index_bytes, "norms_bytes": p.norms_bytes,
@@ -263,15 +267,9 @@ class GpuBackend(Backend):
         margin for the f32 rounding of a term's score."""
         return float(cache_np[self._max_norm]) / 4
 
-    def _accumulator(self, rows: int) -> torch.Tensor:
-        if self._acc is None or self._acc.shape[0] < rows:
-            n = rows if self._tiles is not None else self.plan.rows  # the tiled path only borrows one for counts
-            self._acc = torch.zeros((n, self.num_docs), dtype=torch.float64, device=self.device)
-        return self._acc[:rows]
-
     def search_terms(self, queries: list[QueryTerms], k: int, k1: float, b: float,
                      times: StageTimes | None = None, avgdl: float | None = None) -> list[TopK]:
-        if self._single_graph(queries):
+        if self._tiled is not None and self._tiled.takes_one(queries):
             return [self._search_one(queries[0], k, k1, b, times, avgdl)]
         todo = [i for i, q in enumerate(queries) if len(q)]
         empty = TopK(np.zeros(0, np.int64), np.zeros(0, np.float32)) if len(todo) < len(queries) else None
@@ -280,106 +278,23 @@ class GpuBackend(Backend):
         with self._on_device():
             _, cache, min_q = self._cache(k1, b, avgdl)
             batches = [[queries[i] for i in idx] for idx in chunks]
-            run = self._search_tiled if self._tiles is not None else self._search_dense
-            for idx, tops in zip(chunks, run(batches, k, cache, min_q, times)):
+            if self._tiled is not None:
+                found = self._tiled.search(batches, k, cache, min_q, times)
+            else:
+                found = self._dense.search(batches, k, cache, min_q, times)
+            for idx, tops in zip(chunks, found):
                 for i, t in zip(idx, tops):
                     results[i] = t
         return results
 
-    def _single_graph(self, queries: list[QueryTerms]) -> bool:
-        """Does this call take the single-query graph path: one query, which the device plans? Timing never changes
-        the answer (``Backend.search_terms``)."""
-        return len(queries) == 1 and self._graphs is not None and self._tiles.plans_on_device(queries[0])
-
     def _search_one(self, query: QueryTerms, k: int, k1: float, b: float, times: StageTimes | None,
                     avgdl: float | None = None) -> TopK:
-        """A query the device plans, as one graph launch (``graphs.QueryGraphs``) with none of a batch's bookkeeping:
-        a single query's latency is mostly host work (H200 host: ~10 us of it went to the batch path's). ``times``
-        gains the graph's own scoring time (its events) as relevancy, the rest of the call as retrieval."""
+        """A query the device plans, as one graph launch (``TiledPath.search_one``), on the backend's device."""
         if not self._is_current():
             with torch.cuda.device(self.device):
                 return self._search_one(query, k, k1, b, times, avgdl)
-        t0 = time.perf_counter() if times is not None else 0.0
         _, cache, min_q = self._cache(k1, b, avgdl)
-        shift = self._shift(query, min_q)
-        self._tiles.begin(1)
-        self._graphs.launch(query, shift, self._arena.post, self._arena.norms, cache, k)
-        tops, _ = self._selector.finish(lambda: self._launch_chunk((1, query, None, shift), cache, k))
-        if times is not None:  # a rescored query's second scoring counts as retrieval: rare, and in no graph
-            relevancy = self._graphs.relevancy_seconds()
-            times.relevancy += relevancy
-            times.retrieval += max(0.0, time.perf_counter() - t0 - relevancy)
-        return tops[0]
-
-    def _search_dense(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
-                      times: StageTimes | None) -> list[list[TopK]]:
-        out = []
-        for qs in batches:
-            t0 = time.perf_counter()
-            acc = self.accumulate(qs, cache, min_q)
-            if times is not None:
-                self._sync()
-                t1 = time.perf_counter()
-            out.append(select_topk(acc, k, self.topk))
-            if times is not None:
-                times.relevancy += t1 - t0
-                times.retrieval += time.perf_counter() - t1
-        return out
-
-    def _search_tiled(self, batches: list[list[QueryTerms]], k: int, cache: torch.Tensor, min_q: float,
-                      times: StageTimes | None) -> list[list[TopK]]:
-        """Batches in a pipeline: while the device scores batch n, the host plans batch n + 1 and queues it
-        behind batch n's selection, then ranks batch n's candidates while the device scores batch n + 1."""
-        if not batches:
-            return []
-        t_start = time.perf_counter()
-        timed = times is not None and self._cuda  # device scoring time from events: no synchronisation added
-        scored, host_scoring = [], [0.0]  # (start, end) event pairs of the launches; or their host time
-        selector, out = self._selector, []
-
-        def launch(chunk) -> None:
-            t = time.perf_counter()
-            if timed:
-                scored.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-                scored[-1][0].record()
-            self._launch_chunk(chunk, cache, k)
-            if timed:
-                scored[-1][1].record()
-            host_scoring[0] += time.perf_counter() - t  # the scoring itself where kernels run on the host
-
-        cur = self._plan_chunk(batches[0], min_q)
-        launch(cur)
-        for n in range(len(batches)):
-            selector.start(len(batches[n]), k)
-            nxt = None
-            if n + 1 < len(batches):
-                nxt = self._plan_chunk(batches[n + 1], min_q)
-                launch(nxt)  # queued behind this batch's selection
-            tops, rescored = selector.finish(functools.partial(launch, cur))
-            if rescored and nxt is not None:
-                launch(nxt)  # scoring this batch again overwrote the next one's
-            out.append(tops)
-            cur = nxt
-        if times is not None:  # relevancy: the scoring; topk: the rest (planning, selection, ranking)
-            relevancy = sum(a.elapsed_time(b) for a, b in scored) / 1e3 if timed else host_scoring[0]
-            times.relevancy += relevancy
-            times.retrieval += max(0.0, time.perf_counter() - t_start - relevancy)
-        return out
-
-    def matched_counts(self, queries: list[QueryTerms], k1: float, b: float) -> np.ndarray:
-        """Number of documents each query matches (nonzero cells of the dense path's accumulator; one query
-        at a time on the tiled path, whose memory plan has no room for dense rows): top-k input size."""
-        out = []
-        rows = 1 if self._tiles is not None else self.plan.rows
-        with self._on_device():
-            cache = self._cache(k1, b)[1]
-            for c in range(0, len(queries), rows):
-                acc = self.accumulate(queries[c:c + rows], cache, 0.0)
-                out.append((acc != 0).sum(dim=1).cpu().numpy())
-                acc.zero_()
-        if self._tiles is not None:
-            self._acc = None
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
+        return self._tiled.search_one(query, k, cache, min_q, times)
 
     def device_arrays(self) -> dict:
         """The device arena (read-only use): postings, blk_id, blk_start, norms, each shard's base offsets into
@@ -389,107 +304,7 @@ class GpuBackend(Backend):
                 "posting_base": a.pbase, "entry_base": a.ebase, "resident": self.plan.resident,
                 "planner": self._planner}
 
-    def _sync(self) -> None:
-        if self._cuda:
-            torch.cuda.synchronize(self.device)
-
-    def accumulate(self, queries: list[QueryTerms], cache: torch.Tensor, min_q: float) -> torch.Tensor:
-        """Score up to ``plan.rows`` queries into accumulator rows [0, len(queries)); returns that view."""
-        with self._on_device():
-            return self._accumulate(queries, cache, min_q)
-
-    def _accumulate(self, queries: list[QueryTerms], cache: torch.Tensor, min_q: float) -> torch.Tensor:
-        acc = self._accumulator(len(queries))
-        exact = self._exact(queries, min_q)
-        self._by_shard(self._planner.items(queries),
-                       lambda part, pbase, e0: self._launch_all(part, pbase, e0, exact, cache, acc))
-        return acc
-
-    def _plan_chunk(self, queries: list[QueryTerms], min_q: float) -> tuple:
-        """Host work of a batch on the tiled path, (rows, plan, streamed items, shifts): the resident shards' plan,
-        with the queries' shifts of the CUDA kernel's flat path (``_shifts``), and the streamed shards' items (planned
-        when staged) and shifts. A single query the device plans is its own plan, with its shift."""
-        if len(queries) == 1 and self._tiles.plans_on_device(queries[0]):  # planned by the scoring launch
-            return 1, queries[0], None, self._shift(queries[0], min_q)
-        if not self.plan.streamed:  # one compiled call from the queries to the plan
-            plan = plan_queries(self._planner, queries, self._arena.pbase, self._n_blocks, self.term_order == "auto",
-                                min_q)
-            return len(queries), plan, None, np.zeros(0, np.int64)
-        items = self._planner.items(queries)
-        shifts = self._shifts(queries, min_q)
-        streamed = np.isin(items.shard, self.plan.streamed)
-        resident = items.take(~streamed)
-        return len(queries), plan_tiles(self._planner, resident, self._arena.pbase[resident.shard],
-                                          self._n_blocks, shifts), items.take(streamed), shifts
-
-    def _launch_chunk(self, chunk: tuple, cache: torch.Tensor, k: int) -> None:
-        rows, plan, streamed, shifts = chunk
-        tiles, arena = self._tiles, self._arena
-        tiles.begin(rows)
-        if isinstance(plan, QueryTerms):
-            tiles.score_query(plan, shifts, arena.post, arena.norms, cache, k)
-            return
-        tiles.score(plan, arena.post, arena.norms, cache, k)
-        for s in self.plan.streamed:
-            part = streamed.take(streamed.shard == s)
-            if len(part):
-                pbase, _ = arena.stage(s, part, tiles.sample)
-                tiles.score(plan_tiles(self._planner, part, pbase, self._n_blocks, shifts), arena.post,
-                            arena.norms, cache, k)
-
-    def _shift(self, query: QueryTerms, min_q: float) -> int:
-        """The CUDA kernel's flat path for one query: its ``flat_shift`` (0: its terms one after the other; always with
-        ``term_order='ascending'``)."""
-        return flat_shift(query.weights, min_q) if self.term_order == "auto" else 0
-
-    def _shifts(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
-        """``_shift`` of each query."""
-        return np.array([self._shift(q, min_q) for q in queries], dtype=np.int64)
-
-    def _exact(self, queries: list[QueryTerms], min_q: float) -> np.ndarray:
-        """Per query: may its f64 sums be formed in any order (``bm25.sum_is_exact``; never with
-        ``term_order='ascending'``)."""
-        if self.term_order != "auto":
-            return np.zeros(len(queries), dtype=bool)
-        return np.array([bm25.sum_is_exact(q.weights, min_q) for q in queries], dtype=bool)
-
-    def _by_shard(self, items: Items, launch) -> None:
-        """``launch(items, posting base, first entry in the arena)`` for the resident shards' items at once,
-        then for each streamed shard's items once they are staged."""
-        streamed = np.isin(items.shard, self.plan.streamed)
-        resident = items.take(~streamed)
-        if len(resident):
-            launch(resident, self._arena.pbase[resident.shard], self._arena.ebase[resident.shard] + resident.e0)
-        for s in self.plan.streamed:
-            part = items.take(items.shard == s)
-            if len(part):
-                pbase, e0 = self._arena.stage(s, part)
-                launch(part, pbase, e0)
-
-    def _launch_all(self, items: Items, pbase: np.ndarray, e0: np.ndarray, exact: np.ndarray,
-                    cache: torch.Tensor, acc: torch.Tensor) -> None:
-        """Exact rows in one launch (their sums do not depend on the order); the others one launch per term
-        position, ascending."""
-        if len(items) == 0:
-            return
-        is_exact = exact[items.row]
-        self._launch(items, pbase, e0, is_exact, cache, acc)
-        rest = ~is_exact
-        if rest.any():
-            for j in range(int(items.slot[rest].max()) + 1):
-                self._launch(items, pbase, e0, rest & (items.slot == j), cache, acc)
-
-    def _launch(self, items: Items, pbase: np.ndarray, e0: np.ndarray, sel: np.ndarray,
-                cache: torch.Tensor, acc: torch.Tensor) -> None:
-        if not sel.any():
-            return
-        it = items.take(sel)
-        args = (it.a, it.n, e0[sel], it.ne, pbase[sel], it.row * self.num_docs, it.w)
-        a = self._arena
-        tail = (a.post, a.bid, a.bst, a.norms, cache, acc.view(-1), self.tf_bits, self.block_shift)
-        score_torch(*(torch.from_numpy(np.ascontiguousarray(x)).to(self.device) for x in args), *tail)
-
     def close(self) -> None:
-        self._acc = self._tiles = self._selector = self._graphs = None
+        self._tiled = self._dense = None
         self._arena.close()
         self._caches.clear()

@@ -1,10 +1,7 @@
-"""``fpga-sim`` backend: the FPGA host code driving the kernel's C simulation.
-
-The kernel source ``hls_bm25/bm25_topk.cpp`` is compiled with g++ as a shared library (the same source and flags
-as ``make -C hls_bm25 lib``), cached under a build directory keyed by the hash of the sources and flags, and
-called through ctypes once per shard and batch, exactly where the ``fpga`` backend launches a compute unit.
-The sources are the ``hls_bm25`` package's files, found through ``importlib.resources``: the same lookup in a
-source checkout and in an installed wheel.
+"""The FPGA kernels' C simulation: each HLS kernel (``hls_bm25/bm25_topk.cpp``, ``attn_topk.cpp``) compiled with g++
+as a shared library (the same source and flags as ``make -C hls_bm25 lib``), cached under a build directory keyed by
+the hash of the sources and flags, and loaded through ctypes. The sources are the ``hls_bm25`` package's files,
+found through ``importlib.resources``: the same lookup in a source checkout and in an installed wheel.
 """
 from __future__ import annotations
 
@@ -21,9 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.reader import IndexReader
-from ragserve.kernels.fpga.host import (DEFAULT_BATCH, FpgaHostBackend, FpgaUnavailableError,
-                                         LaunchResult, QueryBatch)
+from ragserve.kernels.fpga.backend import FpgaUnavailableError
 
 # Each kernel's source and every file it includes (the cache key hashes them all).
 KERNEL_SOURCES = {
@@ -40,7 +35,7 @@ _ARGTYPES = [_u32p, _u8p, _u32p, _u32p, _u32p, _f32p, _u32p, _u32p, _f32p, _u32p
     [ctypes.c_uint32] * 8
 
 # The kernel keeps its accumulator in static memory (on-chip RAM in hardware): one call at a time per process.
-_CALL_LOCK = threading.Lock()
+CALL_LOCK = threading.Lock()
 
 
 @cache
@@ -106,7 +101,7 @@ _LIBS: dict[str, ctypes.CDLL] = {}
 
 def load_kernel(kernel: str, argtypes: list) -> ctypes.CDLL:
     """The C-simulation library of ``kernel`` (built on first use), its entry point typed with ``argtypes``."""
-    with _CALL_LOCK:
+    with CALL_LOCK:
         if kernel not in _LIBS:
             lib = ctypes.CDLL(str(library_path(kernel)))
             fn = getattr(lib, kernel)
@@ -118,31 +113,3 @@ def load_kernel(kernel: str, argtypes: list) -> ctypes.CDLL:
 
 def load_library() -> ctypes.CDLL:
     return load_kernel("bm25_topk", _ARGTYPES)
-
-
-class FpgaSimBackend(FpgaHostBackend):
-    """The FPGA host path with the kernel run in C simulation: bit-identical results, no card needed."""
-
-    name = "fpga-sim"
-
-    def __init__(self, index: IndexReader, batch_size: int = DEFAULT_BATCH, **options) -> None:
-        super().__init__(index, batch_size, **options)
-        self.lib = load_library()
-
-    @classmethod
-    def is_available(cls) -> tuple[bool, str]:
-        if shutil.which(os.environ.get("CXX", "g++")) is None:
-            return False, "no C++ compiler (g++) to build the kernel's C simulation"
-        return True, ""
-
-    def launch(self, batch: QueryBatch) -> list[LaunchResult]:
-        n, k = batch.num_queries, batch.k
-        out = []
-        for sh in self.shards:
-            r = LaunchResult.empty(n, k)
-            with _CALL_LOCK:
-                self.lib.bm25_topk(*sh.arrays(), batch.cache, batch.q_off, batch.q_terms, batch.q_weights,
-                                   r.docids, r.scores, r.counts, r.stats, *self.scalar_args(batch, sh))
-            out.append(r)
-        return out
-

@@ -1,0 +1,1 @@
+"""The FPGA kernel on an Alveo card through Xilinx XRT's Python binding ``pyxrt``: ``backend`` (``fpga``)."""
