@@ -86,7 +86,7 @@ if [ "$INSTALLER" != pip ] && [ -n "$UV_PIN" ]; then
   if [ -x "$VENV/bin/uv" ] && [ "$("$VENV/bin/uv" --version | cut -d' ' -f2)" = "${UV_PIN#uv==}" ] ||
      "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$UV_PIN"; then
     mapfile -t opts < <(uv_options)
-    cert=${opts[0]}
+    cert=${opts[0]:-}
     opts=("${opts[@]:1}")
     if run_filtered env ${cert:+SSL_CERT_FILE="$cert"} "${UV[@]}" "${opts[@]}"; then
       status=0
