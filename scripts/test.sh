@@ -6,6 +6,16 @@
 # long end-to-end checks (they run in the default run too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian's chromium (the browser test's) downloads and unpacks while the venv installs: both wait mostly on the
+# network and the disk. A failed apt install stops the run here, as it would in .ci/setup.sh.
+apt_pid=
+if [ ! -x /usr/bin/chromium ]; then
+  bash scripts/apt_install.sh chromium &
+  apt_pid=$!
+fi
 bash scripts/setup.sh dev
+if [ -n "$apt_pid" ]; then
+  wait "$apt_pid"
+fi
 bash .ci/setup.sh
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup "$@"

