@@ -15,6 +15,10 @@ each one's live documents in local order): exactly the docid of that fresh build
 
 Readers never wait for writers: a snapshot is immutable, ``LiveIndex.snapshot()`` returns the current one, and
 a refresh or merge publishes a new one by replacing a reference.
+
+An index whose plain form had a flat dense part keeps one per segment (``settings.dense``): a ``DenseWriter``
+(``ragserve.retrieval.live_dense``, registered on import: this layer runs no model) embeds a new segment's passages
+at its refresh and copies rows into a merged one, both before the commit that names the segment.
 """
 from __future__ import annotations
 

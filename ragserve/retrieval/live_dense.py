@@ -19,7 +19,7 @@ import numpy as np
 from indexer.reader import IndexReader
 from indexer.segments import LiveIndex, LiveIndexError, Snapshot, register_dense_writer
 from ragserve.kernels.contract import SearchError, StageTimes, TopK
-from ragserve.retrieval.contract import MAX_K, Hit, Retriever
+from ragserve.retrieval.contract import Hit, Retriever
 from ragserve.retrieval.dense import (DenseIndex, DenseIndexError, DenseOptions, FaissOptions, build_dense_index,
                                       flat_topk, live_selector, passage_text, write_dense_part)
 from ragserve.retrieval.embedder import Embedder, EmbedderError
@@ -267,10 +267,6 @@ class LiveHybridSearcher(HybridSearcher):
 
     def __init__(self, bm25: LiveSearcher, dense: LiveDenseSearcher, options: FusionOptions = FusionOptions()) -> None:
         super().__init__(bm25, dense, options)
-
-    @property
-    def max_k(self) -> int:
-        return min(self.bm25.max_k, MAX_K)
 
     def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
                       times: StageTimes | None) -> list[list[Hit]]:
