@@ -1,7 +1,7 @@
 """Writes to an index with a dense part (all-MiniLM-L6-v2, flat): what embedding costs a live index, and what the
 one-token-count batching rule (``Embedder.encode``) costs against the padded batches it replaced.
 
-    nice -n 10 .venv/bin/python scripts/bench_live_dense.py --model DIR --base 300 --adds 200 \
+    nice -n 10 .venv/bin/python scripts/bench_live_dense.py --model DIR --base 100 --adds 100 \
         --json benchmarks/raw/live/live_dense.json
 
 On ArguAna passages (``../shared/data/beir-arguana``): a base index of ``--base`` passages with a flat dense part;
@@ -52,10 +52,10 @@ def padded(e: Embedder, texts: list[str]) -> np.ndarray:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="all-MiniLM-L6-v2 directory")
-    ap.add_argument("--base", type=int, default=300)
-    ap.add_argument("--adds", type=int, default=200)
+    ap.add_argument("--base", type=int, default=100)
+    ap.add_argument("--adds", type=int, default=100)
     ap.add_argument("--passes", type=int, default=2)
-    ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("--queries", type=int, default=50)
     ap.add_argument("--workdir", default="/tmp/ragserve-bench-live-dense")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -84,6 +84,8 @@ def main() -> int:
     out["embed_token_count_pps"] = args.adds / min(rule)
     out["embed_padded_pps"] = args.adds / min(old)
     out["padded_rows_differing_f16"] = int((a.astype(np.float16) != b.astype(np.float16)).any(1).sum())
+    print(f"embedding: {out['embed_token_count_pps']:.1f} passages/s by token count, {out['embed_padded_pps']:.1f} "
+          f"padded", file=sys.stderr, flush=True)
 
     live = LiveIndex(work / "idx")
     t = time.perf_counter()
@@ -93,6 +95,7 @@ def main() -> int:
     live.refresh()
     out["refresh_s"] = time.perf_counter() - t
     out["refresh_pps"] = args.adds / out["refresh_s"]
+    print(f"refresh of {args.adds} adds: {out['refresh_s']:.1f} s", file=sys.stderr, flush=True)
 
     build_index_from_documents(docs, work / "fresh", opts)
     build_dense_index(work / "fresh", e)
