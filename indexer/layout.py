@@ -13,6 +13,7 @@ FIELD_SEPARATOR = "\x1f"  # between title and text in store.bin
 
 MANIFEST = "manifest.json"
 DENSE_DIR = "dense"  # an index's dense part (passage embeddings, faiss index: ragserve/retrieval/dense.py)
+DENSE_BATCHING = "token-count"  # how a dense part's passages were batched (ragserve.retrieval.embedder.Embedder)
 NORMS = "norms.u8"
 DF = "df.u32"
 VOCAB_BYTES, VOCAB_OFFSETS = "vocab.bin", "vocab.u64"

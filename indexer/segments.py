@@ -15,6 +15,10 @@ each one's live documents in local order): exactly the docid of that fresh build
 
 Readers never wait for writers: a snapshot is immutable, ``LiveIndex.snapshot()`` returns the current one, and
 a refresh or merge publishes a new one by replacing a reference.
+
+An index whose plain form had a flat dense part keeps one per segment (``settings.dense``): a ``DenseWriter``
+(``ragserve.retrieval.live_dense``, registered on import: this layer runs no model) embeds a new segment's passages
+at its refresh and copies rows into a merged one, both before the commit that names the segment.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -46,6 +50,7 @@ from indexer.writer import build_index_from_documents
 
 LIVE_FORMAT = "ragserve-live"
 LIVE_VERSION = 1
+LIVE_VERSION_DENSE = 2  # a commit whose segments carry a dense part (``settings.dense``): older readers refuse it
 LIVE_DIR = "live"
 COMMIT = "commit.json"
 WAL = "wal.log"
@@ -60,6 +65,52 @@ class LiveIndexError(ValueError):
 
 class LiveIndexLocked(LiveIndexError):
     """Another process holds the index open for writing."""
+
+
+class DenseWriter(Protocol):
+    """Writes the dense part of a live index's segments (``ragserve.retrieval.live_dense``: it embeds with the
+    encoder the dense part records; the index layer itself runs no model)."""
+
+    def prefetch(self, docs: list[tuple[str, str]]) -> None:
+        """Embed these (title, text) passages now, before the refresh takes the write lock (optional work)."""
+
+    def write_segment(self, seg: Path) -> None:
+        """Write ``seg/dense/`` for the new segment at ``seg``: every stored passage embedded."""
+
+    def write_merged(self, seg: Path, parts: list[tuple[IndexReader, np.ndarray]]) -> None:
+        """Write ``seg/dense/`` for a merged segment: the rows ``docs`` of each part's dense part, in order."""
+
+
+# Made by ``ragserve.retrieval.live_dense`` (registered when imported): ``factory(settings["dense"], model)``.
+_dense_writer_factory: Callable[[dict, str | None], DenseWriter] | None = None
+
+
+def register_dense_writer(factory: Callable[[dict, str | None], DenseWriter]) -> None:
+    global _dense_writer_factory
+    _dense_writer_factory = factory
+
+
+def dense_settings(root: Path) -> dict | None:
+    """What a live index keeps of the plain index's dense part at ``root`` (None: it has none); ``LiveIndexError``
+    where writes cannot keep it exact."""
+    mpath = root / L.DENSE_DIR / L.MANIFEST
+    if not (root / L.DENSE_DIR).is_dir():
+        return None
+    try:
+        m = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LiveIndexError(f"{root / L.DENSE_DIR}: unreadable dense part ({e}); rebuild it with "
+                             f"`ragserve index-dense {root} --model MODEL --overwrite`") from None
+    kind = m.get("faiss", {}).get("kind")
+    if kind != "flat":
+        raise LiveIndexError(f"{root} has a dense part of faiss kind {kind!r}; writes need the exact kind 'flat' "
+                             f"(rebuild it with `ragserve index-dense {root} --model MODEL --faiss flat --overwrite`)")
+    emb = m.get("embedding") or {}
+    if emb.get("batching") != L.DENSE_BATCHING:
+        raise LiveIndexError(f"{root}'s dense part was embedded in padded batches (an older ragserve), so an added "
+                             f"passage's vector could differ from a fresh build's; rebuild it with `ragserve "
+                             f"index-dense {root} --model MODEL --overwrite` to take writes")
+    return {"encoder": m["encoder"], "embedding": emb, "dim": m["dim"], "kind": kind}
 
 
 def is_live(path: str | Path) -> bool:
@@ -337,7 +388,8 @@ class Commit:
     next_segment: int = 0
 
     def to_json(self) -> dict:
-        return {"format": LIVE_FORMAT, "version": LIVE_VERSION, "generation": self.generation, "seq": self.seq,
+        version = LIVE_VERSION_DENSE if "dense" in self.settings else LIVE_VERSION
+        return {"format": LIVE_FORMAT, "version": version, "generation": self.generation, "seq": self.seq,
                 "settings": self.settings, "segments": self.segments, "next_segment": self.next_segment}
 
     @classmethod
@@ -349,9 +401,9 @@ class Commit:
             raise InvalidIndexError(f"{path}: unreadable live-index commit: {e}") from e
         if m.get("format") != LIVE_FORMAT:
             raise InvalidIndexError(f"{path}: not a ragserve live index (format {m.get('format')!r})")
-        if m.get("version") != LIVE_VERSION:
+        if m.get("version") not in (LIVE_VERSION, LIVE_VERSION_DENSE):
             raise InvalidIndexError(f"{path}: live-index version {m.get('version')} is not supported (this ragserve "
-                                    f"reads version {LIVE_VERSION})")
+                                    f"reads versions {LIVE_VERSION} and {LIVE_VERSION_DENSE})")
         return cls(m["generation"], m["seq"], m["settings"], m["segments"], m["next_segment"])
 
     def write(self, live: Path) -> None:
@@ -386,28 +438,37 @@ def _convert(root: Path) -> None:
     files are removed after that (from then on ``live/`` is the index, and an unfinished removal is finished at
     the next open)."""
     IndexReader(root)  # a complete index, or a clear error
+    dense = dense_settings(root)
     tmp = root / f".{LIVE_DIR}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     seg = tmp / "seg_000000"
     seg.mkdir(parents=True)
     manifest = json.loads((root / L.MANIFEST).read_text())
-    for name in [*manifest["files"], L.MANIFEST]:
+    names = [*manifest["files"], L.MANIFEST]
+    if dense is not None:  # the dense part goes with the layout: segment 0's own dense part
+        names += [f"{L.DENSE_DIR}/{p.name}" for p in sorted((root / L.DENSE_DIR).iterdir()) if p.is_file()]
+    for name in names:
         (seg / name).parent.mkdir(parents=True, exist_ok=True)
         os.link(root / name, seg / name)
     _fsync_tree(tmp)
-    Commit(0, 0, _settings_of(manifest), [{"name": "seg_000000", "docs": manifest["stats"]["num_docs"],
-                                           "tombstones": None, "deleted": 0, "crc32": 0}], 1).write(tmp)
+    settings = _settings_of(manifest)
+    if dense is not None:
+        settings["dense"] = dense
+    Commit(0, 0, settings, [{"name": "seg_000000", "docs": manifest["stats"]["num_docs"],
+                             "tombstones": None, "deleted": 0, "crc32": 0}], 1).write(tmp)
     os.rename(tmp, root / LIVE_DIR)
     fsync_dir(root)
     _remove_plain_layout(root)
 
 
 def _remove_plain_layout(root: Path) -> None:
-    """The root's version-1 files left from a conversion (manifest first: the root then is no plain index)."""
+    """The root's version-1 files left from a conversion (its dense part, then the manifest: the root then is no
+    plain index, then the rest)."""
     m = root / L.MANIFEST
     if not m.is_file():
         return
     names = list(json.loads(m.read_text())["files"])
+    shutil.rmtree(root / L.DENSE_DIR, ignore_errors=True)  # linked into segment 0 (or refused) by the conversion
     m.unlink()
     for name in names:
         (root / name).unlink(missing_ok=True)
@@ -456,7 +517,11 @@ class LiveIndex:
     they become searchable at the next ``refresh``. ``snapshot()`` never blocks on writers."""
 
     def __init__(self, path: str | Path, writable: bool = True, create: bool = False,
-                 policy: MergePolicy | None = None, settings: dict | None = None) -> None:
+                 policy: MergePolicy | None = None, settings: dict | None = None,
+                 dense: DenseWriter | None = None, dense_model: str | None = None) -> None:
+        """``dense``: what writes the segments' dense parts where the index has one (default: the registered
+        ``ragserve.retrieval.live_dense`` writer, its encoder ``dense_model`` or the one the dense part records,
+        loaded when a refresh first has passages to embed)."""
         self.path = Path(path)
         self.live = self.path / LIVE_DIR
         self.writable = writable
@@ -467,13 +532,8 @@ class LiveIndex:
         self._lock_fd = -1
         self._wal: AppendLog | None = None
         self._building: set[str] = set()  # segments a merge is writing: not the clean-up's to remove
-        if writable and (self.path / L.DENSE_DIR).is_dir():
-            # Segments are BM25 only: added documents would have no embeddings and deleted ones would keep theirs,
-            # so dense and hybrid results would silently go wrong.
-            raise LiveIndexError(f"{self.path} has a dense part ({L.DENSE_DIR}/, from `ragserve index-dense`), which "
-                                 f"writes cannot keep exact (added documents are not embedded); a live index is "
-                                 f"BM25 only: remove {self.path / L.DENSE_DIR} to take writes, or rebuild with "
-                                 f"`ragserve index --dense` after changing the corpus")
+        self._dense = dense
+        self._dense_model = dense_model
         if not is_live(self.path):
             if not writable:
                 raise InvalidIndexError(f"{self.path}: not a live index (no {LIVE_DIR}/{COMMIT})")
@@ -504,7 +564,8 @@ class LiveIndex:
         for attempt in range(20):  # a reader may race a writer's commit and clean-up: read the next commit
             try:
                 commit = Commit.read(self.live)
-                segs = [self._segment(s["name"], _read_tombstones(self.live, s)) for s in commit.segments]
+                segs = [self._segment(s["name"], _read_tombstones(self.live, s), "dense" in commit.settings)
+                        for s in commit.segments]
                 break
             except (FileNotFoundError, InvalidIndexError):
                 if self.writable or attempt == 19:
@@ -536,10 +597,12 @@ class LiveIndex:
         if self._pending or self._pending_del:
             self.refresh()
 
-    def _segment(self, name: str, deleted: np.ndarray) -> SegmentState:
+    def _segment(self, name: str, deleted: np.ndarray, dense: bool) -> SegmentState:
         reader = self._readers.get(name) if hasattr(self, "_readers") else None
         if reader is None:
             reader = IndexReader(self.live / name)
+            if dense and not (self.live / name / L.DENSE_DIR / L.MANIFEST).is_file():
+                raise InvalidIndexError(f"{self.live / name}: segment without its dense part; the index is corrupt")
         return SegmentState.open(name, reader, deleted)
 
     def _gc(self) -> None:
@@ -662,10 +725,27 @@ class LiveIndex:
                             b=st["bm25"]["b"], workers=1, fine_block=st["fine_block"], progress=False,
                             analyzer=Analyzer.from_config(st["analyzer"]).config)
 
+    @property
+    def has_dense(self) -> bool:
+        return "dense" in self.settings
+
+    def _dense_writer(self) -> DenseWriter:
+        """The writer of the segments' dense parts (made at first need; the encoder loads at its first embedding)."""
+        if self._dense is None:
+            if _dense_writer_factory is None:
+                raise LiveIndexError(f"{self.path} has a dense part, and no dense writer is registered here (import "
+                                     f"ragserve.retrieval.live_dense, or write through the ragserve CLI or server)")
+            self._dense = _dense_writer_factory(self.settings["dense"], self._dense_model)
+        return self._dense
+
     def _new_segment(self, docs: list[Document]) -> str:
         name = f"seg_{self.commit.next_segment:06d}"
         self.commit.next_segment += 1
         build_segment(docs, self.live / name, self._build_options())
+        if self.has_dense:  # the segment's vectors, durable before the commit names it
+            self._dense_writer().write_segment(self.live / name)
+            _fsync_tree(self.live / name / L.DENSE_DIR)
+            fsync_dir(self.live / name)
         return name
 
     def refresh(self) -> Snapshot:
@@ -674,6 +754,12 @@ class LiveIndex:
         if not self.writable:
             self.reload()
             return self._snapshot
+        if self.has_dense and self._pending:
+            # The slow part of a dense refresh, with no lock held (writes go on): the pending passages embedded
+            # now are looked up by text under the lock (a vector is a function of its text alone).
+            with self._lock:
+                todo = list(self._pending.values())
+            self._dense_writer().prefetch(todo)
         with self._lock:
             if not self._pending and not self._pending_del:
                 return self._snapshot
@@ -770,6 +856,12 @@ class LiveIndex:
                 merged = None
                 if sum(s.n_live for s in olds):
                     build_segment(docs, self.live / name, self._build_options())
+                    if self.has_dense:  # the old rows copied: one text, one vector, no model run
+                        self._dense_writer().write_merged(self.live / name, [
+                            (s.reader, s.live_docs if s.deleted.size else np.arange(s.reader.num_docs))
+                            for s in olds])
+                        _fsync_tree(self.live / name / L.DENSE_DIR)
+                        fsync_dir(self.live / name)
                     merged = IndexReader(self.live / name)
                 self._swap(names, olds, name, merged)
             finally:

@@ -22,7 +22,7 @@ import pytest
 from indexer.readers import iter_documents
 from indexer.readers.model import Document
 from indexer.reader import IndexReader, InvalidIndexError
-from indexer.segments import LiveIndex, LiveIndexError, LiveIndexLocked, MergePolicy, is_live
+from indexer.segments import LiveIndex, LiveIndexLocked, MergePolicy, is_live
 from indexer.options import BuildOptions
 from indexer.writer import build_index_from_documents
 from ragserve.retrieval.live import LiveSearcher
@@ -329,20 +329,6 @@ def test_cli_add_delete_merge(tmp_path, arguana_index):
     live.close()
     p = _ragserve("add", str(new), "--index", str(tmp_path / "none"))
     assert p.returncode == 2 and "--create" in p.stderr
-
-
-def test_writes_to_an_index_with_a_dense_part_are_refused(tmp_path, wiki300_dense):
-    """Segments are BM25 only: writes would leave the dense part's embeddings stale (added documents not embedded,
-    deleted ones still found), so they are refused with the reason (exit 2 from the CLI), and the index is left
-    as it was: plain, its dense part in place."""
-    idx = _copy(wiki300_dense, tmp_path / "idx")
-    new = tmp_path / "new.jsonl"
-    new.write_text(json.dumps({"_id": "x0", "title": "zebra", "text": "zebra crossing"}) + "\n")
-    p = _ragserve("add", str(new), "--index", str(idx))
-    assert p.returncode == 2 and "dense part" in p.stderr and "added documents are not embedded" in p.stderr
-    with pytest.raises(LiveIndexError, match="dense part"):
-        LiveIndex(idx)
-    assert not is_live(idx) and IndexReader(idx).num_docs == 300 and (idx / "dense" / "manifest.json").is_file()
 
 
 def test_searcher_closes_the_live_index_it_opened(tmp_path, arguana_index):

@@ -81,6 +81,28 @@ def live_index(index):
 
 
 @pytest.fixture(scope="module")
+def live_dense_index(index, minilm):
+    """``index`` (with its dense part) turned live, then written to: copies of 12 passages added (embedded by the
+    refresh) and deleted again, so two segments, tombstones, and the live documents ``index``'s in its order."""
+    import shutil
+
+    from indexer.readers.model import Document
+    from indexer.segments import LiveIndex
+    from ragserve.retrieval.live_dense import DenseSegmentWriter
+
+    path = shutil.copytree(index, index.parent / "live-dense")
+    live = LiveIndex(path)
+    live._dense = DenseSegmentWriter(live.settings["dense"], embedder=minilm)  # the session's encoder, loaded once
+    snap = live.snapshot()
+    live.add([Document(f"copy-{i}", *snap.document(i)) for i in range(0, 300, 25)])
+    live.refresh()
+    live.delete([f"copy-{i}" for i in range(0, 300, 25)])
+    assert len(live.refresh().segments) == 2
+    live.close()
+    return path
+
+
+@pytest.fixture(scope="module")
 def reference(index):
     s = Searcher(index, backend="cpu")
     yield s
@@ -100,8 +122,19 @@ def _live(path, backend):
     return open_
 
 
+def _live_dense(path, minilm, hybrid: bool):
+    def open_():
+        from indexer.segments import LiveIndex
+        from ragserve.retrieval.live import LiveSearcher
+        from ragserve.retrieval.live_dense import LiveDenseSearcher, LiveHybridSearcher
+
+        dense = LiveDenseSearcher(LiveIndex(path, writable=False), minilm, owns_live=True)
+        return LiveHybridSearcher(LiveSearcher(dense.live), dense) if hybrid else dense
+    return open_
+
+
 @pytest.fixture(scope="module")
-def factories(index, live_index, minilm, request):
+def factories(index, live_index, live_dense_index, minilm, request):
     """name -> a function opening that retriever over ``index`` (opened lazily: a failing one fails its own test)."""
     from ragserve.memory.reader import MemoryContext, MemoryOptions
     from ragserve.retrieval.dense import DenseSearcher
@@ -135,17 +168,20 @@ def factories(index, live_index, minilm, request):
         "set": lambda: RetrieverSet(Searcher(index), DenseSearcher(index, minilm), default="hybrid"),
         "live-cpu": _live(live_index, "cpu"),
         "live-fpga-sim": _live(live_index, "fpga-sim"),
+        "live-dense": _live_dense(live_dense_index, minilm, hybrid=False),
+        "live-hybrid": _live_dense(live_dense_index, minilm, hybrid=True),
     })
     return out
 
 
 NAMES = ([f"bm25-{b}" for b in backend_names()]
-         + ["bm25-ray", "dense-cpu", "dense-gpu", "hybrid", "rerank", "memory", "set", "live-cpu", "live-fpga-sim"])
+         + ["bm25-ray", "dense-cpu", "dense-gpu", "hybrid", "rerank", "memory", "set", "live-cpu", "live-fpga-sim",
+            "live-dense", "live-hybrid"])
 
 
 def _backend_of(name: str) -> str | None:
     """The registered backend a BM25 retriever of the test runs on (None: not one backend's)."""
-    if name.startswith(("bm25-", "live-")) and name != "bm25-ray":
+    if name.startswith(("bm25-", "live-")) and name not in ("bm25-ray", "live-dense", "live-hybrid"):
         return name.split("-", 1)[1]
     return None
 
@@ -190,6 +226,10 @@ def test_retriever_contract(name, factories, reference):
         assert [_bits(h) for h in r.search_batch(QUERIES, k=7)] == [_bits(h) for h in batch]  # the same call twice
         assert all(not h.text for h in r.search(QUERIES[0], k=3, with_text=False))
         assert r.search_batch([], k=3) == []
+        if name.startswith("live-") and name != "live-cpu" and name != "live-fpga-sim":  # the fresh build's bits
+            fresh = factories[name.replace("live-", "").replace("dense", "dense-cpu")]()
+            assert [_bits(h) for h in batch] == [_bits(h) for h in fresh.search_batch(QUERIES, k=7)]
+            fresh.close()
         # -- exactness where promised: the cpu searcher's ids and score bits, at other k1 and b too
         if r.exact:
             assert [_bits(h) for h in batch] == [_bits(h) for h in reference.search_batch(QUERIES, k=7)]
@@ -237,7 +277,7 @@ def test_every_retriever_class_is_in_the_contract_test(factories):
             yield from subclasses(s)
 
     covered = {"Searcher", "DistributedSearcher", "DenseSearcher", "HybridSearcher", "RerankingSearcher",
-               "MemoryContext", "RetrieverSet", "LiveSearcher"}
+               "MemoryContext", "RetrieverSet", "LiveSearcher", "LiveDenseSearcher", "LiveHybridSearcher"}
     assert {c.__name__ for c in subclasses(Retriever)} == covered
 
 

@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--passage-words", type=int, default=100,
                    help="split whole articles into passages of this many words (default 100; 0: whole articles)")
     p.add_argument("--create", action="store_true", help="start an empty live index if DIR does not exist")
+    p.add_argument("--dense-model", metavar="DIR", help="the dense part's sentence encoder, where it is not at the "
+                   "path the dense part records (an index with a dense part embeds what it adds)")
     p.add_argument("--merge", action="store_true", help="merge all segments into one afterwards")
     p.set_defaults(func=run_add)
 
@@ -46,12 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_merge)
 
 
-def _open(path: str, create: bool = False):
+def _open(path: str, create: bool = False, dense_model: str | None = None):
     from indexer.reader import InvalidIndexError
     from indexer.segments import LiveIndex, LiveIndexError
+    import ragserve.retrieval.live_dense  # noqa: F401 - writes the segments' dense parts, where there are any
 
     try:
-        return LiveIndex(path, writable=True, create=create)
+        return LiveIndex(path, writable=True, create=create, dense_model=dense_model)
     except (LiveIndexError, InvalidIndexError) as e:
         raise CliError(str(e)) from None
     except OSError as e:
@@ -73,7 +76,7 @@ def run_add(args: argparse.Namespace) -> int:
         if not os.path.exists(path):
             raise CliError(f"input {path} does not exist")
     t0 = time.time()
-    live = _open(args.index, args.create)
+    live = _open(args.index, args.create, args.dense_model)
     added = 0
     try:
         docs = iter_documents(args.inputs, fmt=args.format, passage_words=args.passage_words)
@@ -89,7 +92,12 @@ def run_add(args: argparse.Namespace) -> int:
         live.close()
         raise CliError(f"{e} ({added:,} documents written before it are kept)") from None
     print(f"added {added:,} documents", file=sys.stderr)
-    _finish(live, args.merge, t0)
+    try:
+        _finish(live, args.merge, t0)
+    except LiveIndexError as e:  # e.g. the encoder of the dense part is missing: the writes stay in the log
+        live.close()
+        raise CliError(f"{e} (the {added:,} documents are logged and become searchable at the next refresh "
+                       f"that can embed them)") from None
     return 0
 
 

@@ -333,6 +333,7 @@ def _open_live(args: argparse.Namespace):
     """(the live index, its maintenance thread, not started) for --writes or a live index; (None, None) else."""
     from indexer.reader import InvalidIndexError
     from indexer.segments import LiveIndex, LiveIndexError, MergePolicy, is_live
+    import ragserve.retrieval.live_dense  # noqa: F401 - writes the segments' dense parts, where there are any
     from ragserve.server.documents import LiveMaintenance
 
     if not args.writes and not is_live(args.index):
@@ -340,7 +341,8 @@ def _open_live(args: argparse.Namespace):
     if args.ray:
         raise CliError("a live index is served without --ray")
     try:
-        live = LiveIndex(args.index, writable=args.writes, policy=MergePolicy(max_segments=args.merge_max_segments))
+        live = LiveIndex(args.index, writable=args.writes, policy=MergePolicy(max_segments=args.merge_max_segments),
+                         dense_model=args.dense_model)
     except (LiveIndexError, InvalidIndexError) as e:
         raise CliError(str(e)) from None
     return live, LiveMaintenance(live, args.refresh_interval)

@@ -17,7 +17,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from indexer.layout import DENSE_BATCHING
+
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len")
+# How ``Embedder.encode`` batches (recorded by a dense part): one token count a batch, no padding. A dense part
+# written without it (an older build) gives vectors that depend on their batch, so a live index refuses writes.
+BATCHING = DENSE_BATCHING
 
 
 class EmbedderError(ValueError):
@@ -141,6 +146,7 @@ class Embedder:
         if dtype == "auto":
             dtype = "float16" if self.device.startswith("cuda") else "float32"
         self.model.to(device=self.device, dtype=getattr(torch, dtype)).eval()
+        self.dtype = dtype
         limit = getattr(self.model.config, "max_position_embeddings", None) or 512
         self.max_seq_length = min(max_seq_length or cfg_len or limit, limit)
         self.pooling, self.normalize = mode, normalize
@@ -153,6 +159,12 @@ class Embedder:
     @property
     def dim(self) -> int:
         return self.info.dim
+
+    @property
+    def compute(self) -> dict:
+        """How the vectors are computed, beyond the model: a dense part records it, and a live index embeds the
+        passages it adds the same way (a GPU's fp16 vectors are not the CPU's f32 ones)."""
+        return {"batching": BATCHING, "device": self.device.split(":")[0], "dtype": self.dtype}
 
     def _pool(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m = mask.unsqueeze(-1).to(states.dtype)
@@ -176,20 +188,31 @@ class Embedder:
 
     def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "embedding",
                on_batch: Callable[[int], None] | None = None) -> np.ndarray:
-        """Embeddings of ``texts`` in their order, f32 [len(texts), dim]. Texts are batched by length (longest
-        first, as sentence-transformers does) so padding costs little; ``on_batch(n)`` is told each batch's size."""
+        """Embeddings of ``texts`` in their order, f32 [len(texts), dim]. A batch holds only texts of one token
+        count (longest first, at most ``batch_size``), so nothing is padded: a text's embedding is then the same
+        bits whatever else is embedded with it (``indexer/FORMAT.md``, "Dense part": measured on MiniLM, a
+        padded batch changed 55% of the fp16 rows against one text at a time, equal-length batches none), which
+        lets a live index's added passages get the vectors a fresh build gives them. ``on_batch(n)`` is told
+        each batch's size."""
         from tqdm import tqdm
 
         texts = [t if isinstance(t, str) else "" for t in texts]
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+        lengths = [len(x) for x in self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)[
+            "input_ids"]] if texts else []
+        order = sorted(range(len(texts)), key=lambda i: (-lengths[i], i))
         with tqdm(total=len(texts), desc=desc, unit=" passages", disable=not progress) as bar:
-            for i in range(0, len(texts), self.batch_size):
-                idx = order[i:i + self.batch_size]
-                out[idx] = self._batch([texts[j] for j in idx])
+            i = 0
+            while i < len(order):
+                j = i + 1
+                while j < len(order) and j - i < self.batch_size and lengths[order[j]] == lengths[order[i]]:
+                    j += 1
+                idx = order[i:j]
+                out[idx] = self._batch([texts[t] for t in idx])
                 bar.update(len(idx))
                 if on_batch is not None:
                     on_batch(len(idx))
+                i = j
         return out
 
     def check_same_model(self, info: dict, what: str) -> None:

@@ -6,11 +6,11 @@ backend is ``gpu`` (or ``auto`` finds one), else on the CPU through faiss; BM25 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from indexer.reader import IndexReader
-from indexer.segments import LiveIndex, is_live
+from indexer.segments import LiveIndex, is_live, open_live
 from ragserve.kernels.contract import SearchError, StageTimes
 from ragserve.kernels.registry import resolve_backend_name
 from ragserve.retrieval.dense import DenseIndex, DenseOptions, DenseSearcher
@@ -18,6 +18,7 @@ from ragserve.retrieval.embedder import Embedder, EmbedderError
 from ragserve.retrieval.hybrid import FusionOptions, HybridSearcher
 from ragserve.retrieval.contract import Hit, Retriever
 from ragserve.retrieval.live import LiveSearcher
+from ragserve.retrieval.live_dense import LiveDenseSearcher, LiveHybridSearcher
 from ragserve.retrieval.searcher import Searcher
 
 RETRIEVERS = ("bm25", "dense", "hybrid")
@@ -60,13 +61,36 @@ def _dense_searcher(reader: IndexReader, embedder: Embedder, cfg: RetrievalConfi
                          device=device if isinstance(device, str) else None)
 
 
-def open_live_searcher(index, cfg: RetrievalConfig) -> LiveSearcher:
-    """BM25 over a live index (a ``LiveIndex`` or its directory): its segments have no dense part."""
-    if cfg.retriever != "bm25":
-        raise SearchError(f"a live index (ragserve add/delete) is searched with BM25 only; --retriever "
-                          f"{cfg.retriever} needs a dense part, which its segments do not have")
+def live_query_embedder(live: LiveIndex, cfg: RetrievalConfig) -> Embedder:
+    """The query encoder of a live index's dense part: ``cfg.dense_model``, or the one it records."""
+    dense = live.settings.get("dense")
+    if dense is None:
+        raise SearchError(f"the live index {live.path} has no dense part (its index had none when it took its first "
+                          f"write); --retriever {cfg.retriever} needs one: search it with --retriever bm25")
+    path = cfg.dense_model or dense["encoder"]["path"]
+    if not Path(path).is_dir():
+        raise EmbedderError(f"the dense part of {live.path} was built with {dense['encoder']['name']!r} from {path}, "
+                            f"which is not there; pass the model directory (--dense-model DIR)")
+    return Embedder(path, device=cfg.embed_device)
+
+
+def open_live_searcher(index, cfg: RetrievalConfig, embedder: Embedder | None = None) -> Retriever:
+    """The retriever ``cfg.retriever`` names over a live index (a ``LiveIndex`` or its directory): BM25 over its
+    segments, or dense and hybrid over their dense parts where it has them. One opened here is closed with it."""
     options = {k: v for k, v in cfg.backend_options.items() if k != "queue"}  # no queue: see LiveSearcher
-    return LiveSearcher(index, backend=cfg.backend, **options)
+    if cfg.retriever == "bm25":
+        return LiveSearcher(index, backend=cfg.backend, **options)
+    owns = not isinstance(index, LiveIndex)
+    live = open_live(index) if owns else index
+    try:
+        dense = LiveDenseSearcher(live, embedder or live_query_embedder(live, cfg), cfg.dense, owns_live=owns)
+    except BaseException:
+        if owns:
+            live.close()
+        raise
+    if cfg.retriever == "dense":
+        return dense
+    return LiveHybridSearcher(LiveSearcher(live, backend=cfg.backend, **options), dense, cfg.fusion)
 
 
 def open_retriever(index: str | Path | IndexReader, cfg: RetrievalConfig,
@@ -76,7 +100,7 @@ def open_retriever(index: str | Path | IndexReader, cfg: RetrievalConfig,
     if cfg.retriever not in RETRIEVERS:
         raise SearchError(f"retriever must be one of {', '.join(RETRIEVERS)}, got {cfg.retriever!r}")
     if not isinstance(index, IndexReader) and is_live(index):
-        return open_live_searcher(index, cfg)
+        return open_live_searcher(index, cfg, embedder)
     reader = index if isinstance(index, IndexReader) else IndexReader(index)
     if cfg.retriever == "bm25":
         return Searcher(reader, backend=cfg.backend, **cfg.backend_options)
@@ -102,7 +126,8 @@ class RetrieverSet(Retriever):
         self.retrievers: dict = {"bm25": bm25}
         if dense is not None:
             self.retrievers["dense"] = dense
-            self.retrievers["hybrid"] = HybridSearcher(bm25, dense, fusion)
+            hybrid = LiveHybridSearcher if isinstance(bm25, LiveSearcher) else HybridSearcher
+            self.retrievers["hybrid"] = hybrid(bm25, dense, fusion)
         self.default = default
         self.get(default)
         self.index = bm25.index
@@ -118,7 +143,15 @@ class RetrieverSet(Retriever):
             raise SearchError(f"retriever must be one of {', '.join(RETRIEVERS)}, got {cfg.retriever!r}")
         cfg.fusion.check()
         if isinstance(index, LiveIndex) or (not isinstance(index, IndexReader) and is_live(index)):
-            return cls(open_live_searcher(index, cfg))
+            bm25 = open_live_searcher(index, replace(cfg, retriever="bm25"))
+            dense = None
+            if cfg.retriever != "bm25":
+                try:
+                    dense = LiveDenseSearcher(bm25.live, live_query_embedder(bm25.live, cfg), cfg.dense)
+                except BaseException:
+                    bm25.close()
+                    raise
+            return cls(bm25, dense, cfg.fusion, cfg.retriever)
         reader = index if isinstance(index, IndexReader) else IndexReader(index)
         dense = None
         if cfg.retriever != "bm25":

@@ -181,7 +181,11 @@ class LiveSearcher(Retriever):
     def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
                       times: StageTimes | None, deadline: float | None = None) -> list[list[Hit]]:
         """``deadline`` is taken as ``Searcher`` takes it and never passes: without a queue, work starts at once."""
-        snap = self.live.snapshot()
+        return self.search_in(self.live.snapshot(), queries, k, k1, b, with_text, times)
+
+    def search_in(self, snap: Snapshot, queries: list[str], k: int, k1: float | None = None, b: float | None = None,
+                  with_text: bool = False, times: StageTimes | None = None) -> list[list[Hit]]:
+        """``search_batch`` over the snapshot ``snap`` (hybrid search pins one for both of its rankings)."""
         k1, b = bm25_params(snap, k1, b)  # the snapshot's k1 and b where not given (a live index has no reader)
         key = id(snap)
         with self._lock:
