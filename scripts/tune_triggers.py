@@ -58,36 +58,36 @@ def fires(method: str, value: float | None, t: float) -> bool:
     return value < t if method == "flare" else value > t
 
 
+def at_threshold(method: str, rows: list[dict], t: float, base_retrievals: int) -> dict:
+    """Mean EM/F1, share fired and retrievals per question with the trigger at threshold ``t``."""
+    n = len(rows)
+    f = [fires(method, r["value"], t) and r["fired_at_extreme"] for r in rows]
+    pick = [r["fire"] if x else r["quiet"] for r, x in zip(rows, f)]
+    return {"threshold": round(t, 6), "f1": 100 * sum(p["f1"] for p in pick) / n,
+            "em": 100 * sum(p["em"] for p in pick) / n, "fired": sum(f) / n,
+            "retrievals_per_question": sum(r["retrievals_fire"] if x else base_retrievals
+                                           for r, x in zip(rows, f)) / n}
+
+
 def sweep(method: str, rows: list[dict], base_retrievals: int) -> list[dict]:
-    """Mean EM/F1, share fired and retrievals per question at every distinct cut of the trigger values."""
+    """``at_threshold`` at every distinct cut of the trigger values."""
     values = sorted({r["value"] for r in rows if r["value"] is not None})
     mids = [(a + b) / 2 for a, b in zip(values, values[1:])]
     if method == "flare":
         cands = [0.0] + mids + [1.0]
     else:
         cands = ([values[0] - 1.0] if values else []) + mids + ([values[-1] + 1.0] if values else [math.inf])
-    out = []
-    n = len(rows)
-    for t in cands:
-        f = [fires(method, r["value"], t) and r["fired_at_extreme"] for r in rows]
-        pick = [r["fire"] if x else r["quiet"] for r, x in zip(rows, f)]
-        out.append({"threshold": round(t, 6), "f1": 100 * sum(p["f1"] for p in pick) / n,
-                    "em": 100 * sum(p["em"] for p in pick) / n, "fired": sum(f) / n,
-                    "retrievals_per_question": sum(r["retrievals_fire"] if x else base_retrievals
-                                                   for r, x in zip(rows, f)) / n})
-    return out
+    return [at_threshold(method, rows, t, base_retrievals) for t in cands]
 
 
-def choose(method: str, rows: list[dict], table: list[dict], prior: float) -> dict:
-    """Highest F1; among ties (within 1e-9) the cut nearest the published setting ``prior``, and the published
-    value itself where it makes the same decisions on every question (training questions that cannot tell the
-    values apart leave the published one in place)."""
+def choose(method: str, rows: list[dict], table: list[dict], prior: float, base_retrievals: int) -> dict:
+    """Highest F1; the published setting ``prior`` itself where it scores that F1 (training questions that cannot
+    tell the values apart leave the published one in place), else among ties (within 1e-9) the cut nearest it."""
     best = max(r["f1"] for r in table)
-    near = min((r for r in table if r["f1"] >= best - 1e-9), key=lambda r: abs(r["threshold"] - prior))
-    decisions = lambda t: [fires(method, r["value"], t) for r in rows]  # noqa: E731
-    if decisions(prior) == decisions(near["threshold"]):
-        near = {**near, "threshold": prior}
-    return near
+    at_prior = at_threshold(method, rows, prior, base_retrievals)
+    if at_prior["f1"] >= best - 1e-9:
+        return at_prior
+    return min((r for r in table if r["f1"] >= best - 1e-9), key=lambda r: abs(r["threshold"] - prior))
 
 
 def main() -> int:
@@ -151,10 +151,10 @@ def main() -> int:
     for m in methods:
         rows = [done[(m, ex.id)] for ex in examples]
         # FLARE retrieves once with the question before its trigger; DRAGIN starts without retrieval
-        table = sweep(m, rows, base_retrievals=1 if m == "flare" else 0)
+        base = 1 if m == "flare" else 0
+        table = sweep(m, rows, base_retrievals=base)
         prior = 0.8 if m == "flare" else PUBLISHED.get(family, PUBLISHED["hotpotqa"])["threshold"]
-        pick = choose(m, rows, table, prior)
-        pick["prior"] = prior
+        pick = {**choose(m, rows, table, prior, base), "prior": prior}
         result["methods"][m] = {"chosen": pick, "sweep": table,
                                 "values": [r["value"] for r in rows]}
         print(f"{m}: chosen threshold {pick['threshold']} -> F1 {pick['f1']:.1f} EM {pick['em']:.1f}, fired "
