@@ -99,7 +99,8 @@ def test_profile_is_keyed_by_model_shape_and_read_by_eval(tmp_path):
         assert prof[family]["chosen_on"]  # the values say where they were chosen (or that they were not)
     got = profile_for(GEMMA_SHAPE, "hotpotqa")
     assert 0 < got["flare_theta"] <= 1 and got["dragin_threshold"] == prof["hotpotqa"]["dragin_threshold"]
-    assert "flare_theta" not in profile_for(GEMMA_SHAPE, "strategyqa")  # untuned: the defaults apply
+    sqa = profile_for(GEMMA_SHAPE, "strategyqa")  # tuned on its own slice: the published values held
+    assert (sqa["flare_theta"], sqa["dragin_threshold"]) == (0.8, 0.75)
     # another model gets no profile: DRAGIN's published settings apply
     assert profile_for(SimpleNamespace(model_type="llama", hidden_size=64, num_hidden_layers=2), "hotpotqa") == {}
     custom = tmp_path / "p.json"
