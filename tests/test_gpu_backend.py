@@ -419,6 +419,23 @@ def test_unavailable_without_cuda(hotpot):
         GpuBackend(hotpot[0])  # the default device is CUDA
 
 
+@pytest.mark.skipif(CUDA, reason="a CUDA device is present")
+def test_auto_on_a_machine_without_gpu_nodes_imports_no_torch(monkeypatch):
+    """Without a GPU's device nodes ``auto`` is the CPU backend, decided without importing torch (a CLI call's
+    ~0.65 s); where nodes exist, the GPU backend itself decides (here: no usable CUDA, so cpu again)."""
+    import subprocess
+    import sys
+
+    from ragserve.kernels import registry
+
+    code = ("import sys; from ragserve.kernels import registry as r; n = r.resolve_backend_name('auto'); "
+            "print(n, r.gpu_device_present(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "cpu" and (out[2] == "False" or out[1] == "True")
+    monkeypatch.setattr(registry, "_GPU_NODES", ("/",))  # a node present: the backend is asked, and refuses
+    assert registry.gpu_device_present() and resolve_backend_name("auto") == "cpu"
+
+
 # ---- CUDA ---------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_cuda

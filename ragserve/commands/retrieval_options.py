@@ -45,7 +45,6 @@ def open_retriever(args: argparse.Namespace, backend_options: dict | None = None
     """The retriever the arguments ask for (wrapped in the reranker when --rerank is given); one line on error."""
     from indexer.reader import InvalidIndexError
     from ragserve.kernels.contract import SearchError
-    from ragserve.rag.generator import GeneratorError
     from ragserve.retrieval.embedder import EmbedderError
     from ragserve.retrieval.factory import open_retriever as _open
 
@@ -59,7 +58,7 @@ def open_retriever(args: argparse.Namespace, backend_options: dict | None = None
             reranker = load_reranker(args.rerank, device=rerank_device, index=retriever.index)
             retriever = RerankingSearcher(retriever, reranker, depth=args.rerank_depth)
         return retriever
-    except (InvalidIndexError, SearchError, EmbedderError, GeneratorError) as e:
+    except (InvalidIndexError, SearchError, EmbedderError) as e:  # a reranker's errors are SearchErrors
         raise CliError(str(e)) from None
     except RuntimeError as e:  # a backend that cannot start here (no GPU, no FPGA runtime)
         raise CliError(str(e)) from None

@@ -12,12 +12,14 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
-import torch
 
 from indexer.layout import DENSE_BATCHING
+
+if TYPE_CHECKING:
+    import torch
 
 POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len")
 # How ``Embedder.encode`` batches (recorded by a dense part): one token count a batch, no padding. A dense part
@@ -115,6 +117,8 @@ def fingerprint(tdir: Path, extra: dict) -> str:
 
 
 def resolve_device(device: str) -> str:
+    import torch  # imported when an encoder is used: a live index's writes without one never load it
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -129,6 +133,7 @@ class Embedder:
 
     def __init__(self, path: str | Path, device: str = "auto", batch_size: int = 0, max_seq_length: int = 0,
                  dtype: str = "auto") -> None:
+        import torch
         from transformers import AutoModel, AutoTokenizer
 
         path = encoder_dir(path)
@@ -176,15 +181,17 @@ class Embedder:
         counts = m.sum(dim=1).clamp_min(1e-9)
         return summed / (counts if self.pooling == "mean" else counts.sqrt())
 
-    @torch.inference_mode()
     def _batch(self, texts: list[str]) -> np.ndarray:
-        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
-                             return_tensors="pt").to(self.device)
-        states = self.model(**enc).last_hidden_state.float()
-        v = self._pool(states, enc["attention_mask"])
-        if self.normalize:
-            v = torch.nn.functional.normalize(v, p=2, dim=1)
-        return v.cpu().numpy()
+        import torch
+
+        with torch.inference_mode():
+            enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
+                                 return_tensors="pt").to(self.device)
+            states = self.model(**enc).last_hidden_state.float()
+            v = self._pool(states, enc["attention_mask"])
+            if self.normalize:
+                v = torch.nn.functional.normalize(v, p=2, dim=1)
+            return v.cpu().numpy()
 
     def encode(self, texts: Sequence[str], progress: bool = False, desc: str = "embedding",
                on_batch: Callable[[int], None] | None = None) -> np.ndarray:
