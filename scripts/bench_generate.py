@@ -93,6 +93,8 @@ def engine_decode(engine, prompts: list[list[int]], n: int) -> tuple[list[list[i
 
 
 def engine_prefill(engine, ids: list[int]) -> float:
+    if getattr(engine, "prefix_cache", None) is not None:
+        engine.prefix_cache.clear()  # each repetition computes the whole prompt, not the chunks cached by the last
     s = engine.open()
     t = time.perf_counter()
     engine.prefill(s, ids)
