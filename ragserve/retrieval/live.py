@@ -16,6 +16,7 @@ holds and the f32 score bits are the fresh build's), scored with the live averag
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import threading
@@ -76,6 +77,37 @@ class _Store:
         return self.snap.document(docid)
 
 
+class SnapshotPins:
+    """The snapshots searches are reading, counted, so that a refresh keeps their segments' resources until the
+    last search on them ends. Shares its owner's lock."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self._uses: dict[int, list] = {}  # id(snapshot) -> [snapshot, searches using it]
+
+    @contextlib.contextmanager
+    def pin(self, snap: Snapshot):
+        key = id(snap)
+        with self._lock:
+            use = self._uses.get(key)
+            if use is None:
+                self._uses[key] = [snap, 1]
+            else:
+                use[1] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                use = self._uses[key]
+                use[1] -= 1
+                if not use[1]:
+                    del self._uses[key]
+
+    def segments(self, current: Snapshot) -> set[str]:
+        """Names of the segments ``current`` and the pinned snapshots hold (the caller holds the lock)."""
+        return {s.name for sn in [current, *(u[0] for u in self._uses.values())] for s in sn.segments}
+
+
 class LiveSearcher(Retriever):
     """A ``Retriever`` with ``Searcher``'s extras (``index``, ``backend``, ``analyze``) over a live index: one
     backend per segment, opened when a snapshot first shows the segment, closed once no snapshot in use holds it.
@@ -106,7 +138,7 @@ class LiveSearcher(Retriever):
         self._call_k = self._cls.max_k if self._cls.max_k < MAX_K else math.inf
         self._lock = threading.Lock()
         self._backends: dict[str, tuple[Backend, threading.Lock | None]] = {}
-        self._inflight: dict[int, list] = {}  # id(snapshot) -> [snapshot, searches using it]
+        self._pins = SnapshotPins(self._lock)
         self._maxqs: dict[str, np.ndarray] = {}  # per segment: each term's largest blk_maxq (the skip bound)
         self._ratios: dict[tuple[str, float], float] = {}
         self._plans: dict[int, tuple[Snapshot, list]] = {}
@@ -139,8 +171,7 @@ class LiveSearcher(Retriever):
             self._backend(s)
         names = {s.name for s in snap.segments}
         with self._lock:
-            busy = {s.name for sn in [self.live.snapshot(), *(u[0] for u in self._inflight.values())]
-                    for s in sn.segments}
+            busy = self._pins.segments(self.live.snapshot())
             gone = [n for n in self._backends if n not in names and n not in busy]
             closing = [self._backends.pop(n)[0] for n in gone]
             for n in gone:
@@ -187,14 +218,7 @@ class LiveSearcher(Retriever):
                   with_text: bool = False, times: StageTimes | None = None) -> list[list[Hit]]:
         """``search_batch`` over the snapshot ``snap`` (hybrid search pins one for both of its rankings)."""
         k1, b = bm25_params(snap, k1, b)  # the snapshot's k1 and b where not given (a live index has no reader)
-        key = id(snap)
-        with self._lock:
-            use = self._inflight.get(key)
-            if use is None:
-                self._inflight[key] = [snap, 1]
-            else:
-                use[1] += 1
-        try:
+        with self._pins.pin(snap):
             t0 = time.perf_counter()
             prepared = [snap.prepare(q) for q in queries]
             t1 = time.perf_counter()
@@ -214,12 +238,6 @@ class LiveSearcher(Retriever):
                 times.prepare += t1 - t0
                 times.retrieval += time.perf_counter() - t2
             return out
-        finally:
-            with self._lock:
-                use = self._inflight[key]
-                use[1] -= 1
-                if not use[1]:
-                    del self._inflight[key]
 
     def _plan(self, snap: Snapshot) -> list[tuple]:
         """Per snapshot, once: its segments with live documents, largest first (the first one's k-th score lets the

@@ -24,7 +24,7 @@ from ragserve.retrieval.dense import (DenseIndex, DenseIndexError, DenseOptions,
                                       flat_topk, live_selector, passage_text, write_dense_part)
 from ragserve.retrieval.embedder import Embedder, EmbedderError
 from ragserve.retrieval.hybrid import FusionOptions, HybridSearcher, fuse
-from ragserve.retrieval.live import Found, LiveSearcher, LiveView, _Store
+from ragserve.retrieval.live import Found, LiveSearcher, LiveView, SnapshotPins, _Store
 
 COPY_ROWS = 1 << 16  # rows copied at a time by a merge
 
@@ -148,7 +148,7 @@ class LiveDenseSearcher(Retriever):
         self._owns_live = owns_live
         self._lock = threading.Lock()
         self._segs: dict[str, _SegmentDense] = {}
-        self._inflight: dict[int, list] = {}
+        self._pins = SnapshotPins(self._lock)
         self.index = LiveView(self)
         self._sync(live.snapshot())
         live.on_refresh(self._sync)
@@ -171,8 +171,7 @@ class LiveDenseSearcher(Retriever):
             self._segment(s)
         names = {s.name for s in snap.segments}
         with self._lock:
-            busy = {s.name for sn in [self.live.snapshot(), *(u[0] for u in self._inflight.values())]
-                    for s in sn.segments}
+            busy = self._pins.segments(self.live.snapshot())
             for n in [n for n in self._segs if n not in names and n not in busy]:
                 del self._segs[n]
 
@@ -218,14 +217,7 @@ class LiveDenseSearcher(Retriever):
 
     def search_in(self, snap: Snapshot, queries: list[str], k: int, with_text: bool = False,
                   times: StageTimes | None = None) -> list[list[Hit]]:
-        key = id(snap)
-        with self._lock:
-            use = self._inflight.get(key)
-            if use is None:
-                self._inflight[key] = [snap, 1]
-            else:
-                use[1] += 1
-        try:
+        with self._pins.pin(snap):
             t0 = time.perf_counter()
             qv = self.embed(queries)
             t1 = time.perf_counter()
@@ -243,12 +235,6 @@ class LiveDenseSearcher(Retriever):
             if times is not None:
                 times.add(StageTimes(prepare=t1 - t0, relevancy=t2 - t1, retrieval=time.perf_counter() - t2))
             return out
-        finally:
-            with self._lock:
-                use = self._inflight[key]
-                use[1] -= 1
-                if not use[1]:
-                    del self._inflight[key]
 
     def _search_batch(self, queries: list[str], k: int, k1: float | None, b: float | None, with_text: bool,
                       times: StageTimes | None) -> list[list[Hit]]:
