@@ -13,7 +13,8 @@ from ragserve.commands import add_backend_arg, check_backend
 from ragserve.model_path import model_path_problem
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
-METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage", "oracle")
+METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage", "bridge",
+                  "oracle")
 NO_INDEX = ("none", "oracle")  # methods that retrieve nothing
 
 
