@@ -27,8 +27,8 @@ def test_a_passage_the_top_one_names_comes_second():
     q = "The band that recorded the album Abbey Road was formed in which city?"
     assert titles(bridge_passages(q, [ABBEY, LET_IT_BE, REVOLVER, BEATLES], 2)) == ["Abbey Road", "The Beatles"]
     # without a link the retriever's order stands
-    assert titles(bridge_passages("In which city was it formed?", [LET_IT_BE, REVOLVER, ABBEY], 3)) == ["Let It Be", "Revolver (album)",
-                                                                          "Abbey Road"]
+    unlinked = bridge_passages("In which city was it formed?", [LET_IT_BE, REVOLVER, ABBEY], 3)
+    assert titles(unlinked) == ["Let It Be", "Revolver (album)", "Abbey Road"]
 
 
 def test_question_names_count_and_qualifiers_are_dropped():
@@ -48,8 +48,10 @@ def test_only_whole_words_link_and_titles_are_not_repeated():
     assert bridge_passages("q", [], 3) == []
 
 
-def test_bridge_is_registered_and_needs_depth_of_at_least_k():
+def test_bridge_is_registered_reads_two_passages_and_needs_depth_of_at_least_k():
     assert METHODS["bridge"] is BridgeRetrieval
+    assert BridgeRetrieval(None, None, object()).k == 2  # unless k is given (the eval's -k, a request's options)
+    assert BridgeRetrieval(None, None, object(), k=3).k == 3
     with pytest.raises(MethodError, match="needs a retriever"):
         BridgeRetrieval(None, None, None)
     with pytest.raises(MethodError, match="depth"):
