@@ -14,7 +14,7 @@ from ragserve.model_path import model_path_problem
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
 METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage", "bridge",
-                  "bridge-select", "oracle")
+                  "oracle")
 NO_INDEX = ("none", "oracle")  # methods that retrieve nothing
 
 

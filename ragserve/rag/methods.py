@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ragserve.rag.base import MethodError, RagMethod, Retriever
-from ragserve.rag.bridge import BridgeRetrieval, BridgeSelect
+from ragserve.rag.bridge import BridgeRetrieval
 from ragserve.rag.dragin import Dragin
 from ragserve.rag.fixed import FixedLength, FixedSentence
 from ragserve.rag.flare import Flare
@@ -19,8 +19,6 @@ METHODS: dict[str, type[RagMethod]] = {
     "two-stage": SingleRetrieval,
     # single retrieval, then the top passage's links first (multi-hop bridge questions)
     "bridge": BridgeRetrieval,
-    # the bridge passages read in pairs, the answer of the most confident first token kept
-    "bridge-select": BridgeSelect,
 }
 METHOD_NAMES = tuple(METHODS)
 # Evaluation only, never served: the gold supporting paragraphs in the prompt (the ceiling of retrieval for this
