@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from ragserve.rag.bridge import bridge_passages
 from ragserve.rag.flare import masked_query
 from ragserve.rag.methods import METHOD_NAMES, build_method
 from ragserve.rag.prompts import PromptBuilder, load_exemplars
@@ -52,7 +53,7 @@ def kinds(trace) -> list[str]:
     return [s.kind for s in trace.steps]
 
 
-def check_common(trace, searcher, wall: float) -> None:
+def check_common(trace, searcher, wall: float, ranked: bool = True) -> None:
     for s in trace.steps:
         t = s.times.to_dict()
         assert all(v >= 0 for v in t.values())
@@ -60,7 +61,8 @@ def check_common(trace, searcher, wall: float) -> None:
             assert s.query and len(s.hits) <= 3
             assert t["relevancy"] > 0 and t["apply"] == 0
             scores = [h["score"] for h in s.hits]
-            assert scores == sorted(scores, reverse=True)
+            if ranked:  # bridge moves linked passages up
+                assert scores == sorted(scores, reverse=True)
             for h in s.hits:
                 assert h["title"] == searcher.index.document(int(h["id"][1:]))[0]
         else:
@@ -81,15 +83,18 @@ def test_every_method_runs_and_traces(name, prompts, searcher, reranking):
         answer, trace = method.answer(ex.question)
         wall = time.perf_counter() - t0
         assert isinstance(answer, str) and trace.answer == answer
-        check_common(trace, searcher, wall)
+        check_common(trace, searcher, wall, ranked=not name.startswith("bridge"))
         gen_steps = [s for s in trace.steps if s.kind == "generate"]
         assert gen_steps and sum(s.tokens for s in gen_steps) <= 2 * BUDGET
         k = kinds(trace)
         if name == "none":
             assert trace.retrievals == 0
-        elif name in ("single", "two-stage"):
+        elif name in ("single", "two-stage", "bridge"):
             assert k[:2] == ["retrieve", "generate"] and trace.retrievals == 1
             assert ex.question.startswith(trace.steps[0].query)
+            if name == "bridge":  # the passages picked from the question's top 100
+                picked = bridge_passages(ex.question, searcher.search(trace.steps[0].query, k=100), 3)
+                assert [h["id"] for h in trace.steps[0].hits] == [h.id for h in picked]
         elif name in ("fixed-sentence", "fixed-length"):
             body = k[:-1] if k[-1] == "answer" else k
             assert body == ["retrieve", "generate"] * (len(body) // 2)  # a retrieval before every chunk

@@ -13,7 +13,8 @@ from ragserve.commands import add_backend_arg, check_backend
 from ragserve.model_path import model_path_problem
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
-METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage", "oracle")
+METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage", "bridge",
+                  "oracle")
 NO_INDEX = ("none", "oracle")  # methods that retrieve nothing
 
 
@@ -69,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="compile the fast engine's static decode step (torch.compile): auto (on CUDA with "
                     "Triton), on, off (default auto)")
     r = p.add_argument_group("retrieval")
-    r.add_argument("-k", "--k", dest="k", type=int, default=3, help="passages per retrieval (default 3)")
+    r.add_argument("-k", "--k", dest="k", type=int,
+                   help="passages per retrieval (default: the method's: 3; bridge 2)")
     r.add_argument("--query-max-tokens", type=int, default=64, help="query length budget in model tokens")
     r.add_argument("--reranker", "--rerank", dest="reranker", metavar="MODEL",
                    help="re-score the first stage's top-N with a model (two-stage; any method): a cross-encoder, "
@@ -286,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
             searcher = getattr(retriever, "searcher", retriever)  # the BM25 stage under a reranker
             json.dump({**run_info, "format": fmt, "backend": getattr(searcher, "backend_name", None),
                        "retriever": "memory" if args.memory else args.retriever,
-                       "reranker": args.reranker, "model": args.model, "prompt": prompts.source, "k": args.k,
+                       "reranker": args.reranker, "model": args.model, "prompt": prompts.source, "k": method.k,
                        "flare_theta": getattr(method, "theta", None),
                        "dragin_threshold": getattr(method, "threshold", None), **summary}, f, indent=2)
     return 0

@@ -85,8 +85,10 @@ class RagMethod(ABC):
         return self.max_new_tokens - self.generator.count_tokens(text)
 
     def retrieve(self, trace: Trace, query: str | Callable[[], str], fallback: str,
-                 trigger: dict | None = None) -> list[Hit]:
-        """One retrieval step: formulate the query (prepare), cut it to the token budget, search."""
+                 trigger: dict | None = None, k: int | None = None,
+                 pick: Callable[[list[Hit]], list[Hit]] | None = None) -> list[Hit]:
+        """One retrieval step: formulate the query (prepare), cut it to the token budget, search ``k`` passages
+        (default ``self.k``); ``pick``, if given, chooses the passages kept from them (timed as retrieval)."""
         assert self.retriever is not None
         step = trace.add("retrieve")
         with step.timed("prepare"):
@@ -97,7 +99,10 @@ class RagMethod(ABC):
         step.query = q
         if trigger:
             step.trigger = trigger
-        hits = self.retriever.search(q, k=self.k, times=step.times)
+        hits = self.retriever.search(q, k=k or self.k, times=step.times)
+        if pick is not None:
+            with step.timed("retrieval"):
+                hits = pick(hits)
         step.hits = Trace.hit_records(hits)
         return hits
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ragserve.rag.base import MethodError, RagMethod, Retriever
+from ragserve.rag.bridge import BridgeRetrieval
 from ragserve.rag.dragin import Dragin
 from ragserve.rag.fixed import FixedLength, FixedSentence
 from ragserve.rag.flare import Flare
@@ -16,6 +17,8 @@ METHODS: dict[str, type[RagMethod]] = {
     "flare": Flare, "dragin": Dragin,
     # single retrieval through the reranker: the retriever passed in must be a RerankingSearcher
     "two-stage": SingleRetrieval,
+    # single retrieval, then the top passage's links first (multi-hop bridge questions)
+    "bridge": BridgeRetrieval,
 }
 METHOD_NAMES = tuple(METHODS)
 # Evaluation only, never served: the gold supporting paragraphs in the prompt (the ceiling of retrieval for this
