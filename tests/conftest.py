@@ -13,6 +13,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
+# The suite keeps both cores busy (two xdist workers, servers, Ray), and the OpenMP runtime torch and numba's
+# parallel kernels share spins a waiting thread for a while before it sleeps: each of the many small parallel regions
+# of a model's forward pass then burns CPU waiting for a thread the other worker has. Measured here, MiniLM over 300
+# passages beside one busy process: 89.7 s wall / 60.3 CPU-s by default, 17.7 s / 11.0 CPU-s with waiting threads
+# sleeping. Set before any test module imports torch or numba (libgomp reads it when loaded); the servers, CLIs and
+# Ray workers the tests start inherit it. Thread counts, and so every result, stay as they were.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
     """``build(folder)`` run once per test run, its result the folder ``<run's temp root>/built/<name>``: under
@@ -168,6 +176,22 @@ def wiki300_dense(tmp_path_factory, minilm) -> Path:
         build_dense_index(d / "index", minilm)
 
     return built_once(tmp_path_factory, "wiki300", build) / "index"
+
+
+def stored_vectors(index: Path) -> Callable[[list[str]], "np.ndarray"]:
+    """An ``embed`` for ``build_dense_index`` that hands back the vectors ``index``'s dense part holds for the same
+    passage texts (as a live index's refresh reuses vectors made before): another dense part over those passages
+    (another BM25 layout, a faiss kind) gets, bit for bit, the fp16 rows a second pass of the encoder would store
+    (it embeds one token count a batch, so a text's vector does not depend on its batch), without that pass."""
+    import numpy as np
+
+    from indexer.reader import IndexReader
+    from ragserve.retrieval.dense import DenseIndex, passage_text
+
+    reader = IndexReader(index)
+    emb = DenseIndex(reader).embeddings
+    row = {passage_text(*reader.document(i)): i for i in range(reader.num_docs)}
+    return lambda texts: np.asarray(emb[[row[t] for t in texts]], dtype=np.float32)
 
 
 @pytest.fixture(scope="session")

@@ -81,6 +81,24 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 60.0) -> subpr
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def run_main(*args: str) -> subprocess.CompletedProcess:
+    """``ragserve ARGS`` through the CLI's ``main`` in this process: the same parsing, output and exit status as
+    ``run_cli`` without a fresh interpreter importing torch and transformers (seconds a call on two cores); for
+    what needs no process of its own (a process holding a lock, a signal, a start-up: ``run_cli``)."""
+    import contextlib
+    import io
+
+    from ragserve.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's errors, --help
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    return subprocess.CompletedProcess(["ragserve", *args], code, out.getvalue(), err.getvalue())
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -124,9 +124,16 @@ def test_cli_bad_input_is_one_line(cli_index, installed, tmp_path):
                             str(other), "--embed-device", "cpu"), "was built with model 'all-MiniLM-L6-v2'")
     one_line_error(ragserve("search", "--index", str(cli_index), "x", "--retriever", "dense", "--k1", "1.2",
                             "--embed-device", "cpu"), "k1 and b are BM25 parameters")
-    r = ragserve("index-dense", str(bm25_only), "--model", str(installed), "--quiet", "--embed-device", "cpu")
+    # index-dense on a BM25-only index of its own: 8 passages, the encoder's pass over them is not what is tested
+    small = tmp_path / "wiki8.jsonl"
+    with open(shared("wiki18-100w-passages-sample", "sample_data.jsonl"), encoding="utf-8") as f:
+        small.write_text("".join(line for _, line in zip(range(8), f)), encoding="utf-8")
+    r = ragserve("index", str(small), "--out", str(tmp_path / "small"), "--quiet", "--workers", "1")
     assert r.returncode == 0, r.stderr
-    one_line_error(ragserve("index-dense", str(bm25_only), "--model", str(installed)), "already has a dense part")
+    r = ragserve("index-dense", str(tmp_path / "small"), "--model", str(installed), "--quiet", "--embed-device", "cpu")
+    assert r.returncode == 0, r.stderr
+    one_line_error(ragserve("index-dense", str(tmp_path / "small"), "--model", str(installed)),
+                   "already has a dense part")
 
 
 def test_eval_memory_reads_each_questions_paragraphs(installed, tmp_path):

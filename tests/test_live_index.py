@@ -155,11 +155,12 @@ def _open_copy(written, to: Path) -> LiveIndex:
 
 @pytest.mark.parametrize("backend,options", [("cpu", {"threads": 1}), ("fpga-sim", {})])
 def test_random_writes_equal_a_fresh_build(tmp_path, written, backend, options):
-    """After 10,000 interleaved adds, replaces and deletes over ArguAna, every ArguAna query at k=100 ranks the
-    same ids, f32 score bits and order (docids: the tie order) as a fresh build of the final documents in
-    last-written order, before and after a merge."""
+    """After 10,000 interleaved adds, replaces and deletes over ArguAna, every ArguAna query at k=100 (on fpga-sim
+    the first 300 of them) ranks the same ids, f32 score bits and order (docids: the tie order) as a fresh build of
+    the final documents in last-written order, before and after a merge."""
     _, order, fresh, queries, want = written
-    if backend != "cpu":
+    if backend != "cpu":  # the kernel's C simulation, ~5 ms a query here: the segments and tombstones it searches
+        queries, want = queries[:300], want[:300]  # are the same for every query, which cpu ranks all of
         assert _fresh_ranking(fresh, queries[:100], backend, options) == want[:100]
     live = _open_copy(written, tmp_path / "live")
     if backend == "cpu":  # the small segments at the end are searched as one folded index (SegmentSet(fold=))
@@ -245,14 +246,15 @@ def _apply(state: OrderedDict, ops: list[dict]) -> None:
 
 
 def test_sigkill_loses_no_acknowledged_write(tmp_path):
-    """A child writing in a loop is killed with SIGKILL at random moments, 50 times; after each kill the index
-    opens, holds every acknowledged write, and the request in flight is either whole or absent."""
+    """A child writing in a loop is killed with SIGKILL at random moments, 20 times (every other one just after a
+    request is told, to catch it in flight); after each kill the index opens, holds every acknowledged write, and
+    the request in flight is either whole or absent."""
     root = tmp_path / "live"
     LiveIndex(root, create=True).close()
     state: OrderedDict = OrderedDict()
     rng = random.Random(7)
     outcomes = {"whole": 0, "absent": 0}
-    for kill in range(50):
+    for kill in range(20):
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into pytest

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from ragserve.memory.store import MemoryStore
-from tests.serverproc import ServerProcess, run_cli, wait_until
+from tests.serverproc import ServerProcess, run_cli, run_main, wait_until
 
 requests = pytest.importorskip("requests")
 KEY = "memory-test-key"
@@ -42,16 +42,18 @@ def search(srv: ServerProcess, q: str, k: int = 4) -> list[tuple[int, float]]:
     return pairs(r.json()["hits"])
 
 
-@pytest.mark.slow  # two server starts and two CLI runs with the real encoder
+@pytest.mark.slow  # two server starts with the real encoder
 def test_cli_python_and_server_recall_the_same_and_survive_restarts(tmp_path, minilm_dir, hotpot_index):
     mem = tmp_path / "memory"
-    r = run_cli("memory", "add", "--memory", str(mem), "--model", str(minilm_dir), "--metadata", '{"from": "cli"}',
-                *FACTS[:4], timeout=120)
+    # the command line's add and search in this process (ragserve's main: its parsing, output and exit status);
+    # `memory list` below, refused while the server holds the bank, is a process of its own
+    r = run_main("memory", "add", "--memory", str(mem), "--model", str(minilm_dir), "--metadata", '{"from": "cli"}',
+                 *FACTS[:4])
     assert r.returncode == 0 and "ids 0, 1, 2, 3" in r.stdout, r.stderr
     with MemoryStore(mem) as s:
         api = {q: [(h.entry.id, h.score) for h in s.search(q, 4)] for q in QUERIES}
     assert [h[0][0] for h in api.values()] == [0, 1, 3]  # the real encoder finds each answer first
-    r = run_cli("memory", "search", "--memory", str(mem), "-k", "4", "--json", QUERIES[1], timeout=120)
+    r = run_main("memory", "search", "--memory", str(mem), "-k", "4", "--json", QUERIES[1])
     assert pairs(json.loads(r.stdout)) == api[QUERIES[1]], r.stderr  # the CLI's recall is the Python API's
 
     srv = server(hotpot_index, mem)

@@ -143,10 +143,12 @@ def test_gemma_direct_answers_end_at_newline_with_profile_thresholds(gemma_dir, 
         out, summary = tmp_path / f"{method}.jsonl", tmp_path / f"{method}.json"
         assert main(["eval", "--dataset", str(shared(*S.HOTPOT_IRCOT)), "--method", method, "--model",
                      str(gemma_dir), "--index", str(S.hotpot_index()), "--device", "cpu", "--threads", "1",
-                     "--limit", "2", "--out", str(out), "--summary-json", str(summary), "--quiet"]) == 0
+                     "--limit", "1", "--out", str(out), "--summary-json", str(summary), "--quiet"]) == 0
         s = json.loads(summary.read_text())
         assert s["prompt"] == prof["prompt"] and s[key] == prof[key]
-        for row in map(json.loads, out.read_text().splitlines()):
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(rows) == 1  # one question a method; every generation step of its loop is checked
+        for row in rows:
             gens = [st for st in row["steps"] if st["kind"] == "generate"]
             assert gens and all(st["stop"] in ("newline", "eos") for st in gens)
             assert row["prediction"] and "\n" not in row["output"]

@@ -23,7 +23,7 @@ from ragserve.kernels.registry import backend_names, get_backend_class
 from ragserve.retrieval.contract import Hit, Retriever
 from ragserve.retrieval.searcher import Searcher
 from tests import rag_support as S
-from tests.conftest import shared
+from tests.conftest import shared, stored_vectors
 
 # The distributed searcher joins the session's Ray cluster: one worker, one cluster (tests/conftest.py).
 pytestmark = pytest.mark.xdist_group("ray")
@@ -34,7 +34,7 @@ BACKEND_OPTIONS = {"gpu": {} if torch.cuda.is_available() else {"device": "cpu"}
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory, minilm):
+def index(tmp_path_factory, minilm, wiki300_dense):
     from indexer.options import BuildOptions
     from indexer.writer import build_index
     from ragserve.retrieval.dense import build_dense_index
@@ -45,7 +45,8 @@ def index(tmp_path_factory, minilm):
         corpus.write_text("".join(line for _, line in zip(range(300), f)), encoding="utf-8")
     out = d / "index"
     build_index([corpus], out, BuildOptions(block_size=1 << 6, bank_bytes=160 << 10, progress=False, workers=1))
-    build_dense_index(out, minilm)
+    # the same 300 passages as the session's wiki300_dense: its vectors, not a second pass of the encoder
+    build_dense_index(out, minilm, embed=stored_vectors(wiki300_dense))
     return out
 
 
