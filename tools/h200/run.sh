@@ -4,7 +4,7 @@
 # once, then runs phase N's measurements into $OUT. Each step has its own time limit so that one that hangs does
 # not cost the others; its log tail is kept in $OUT/phaseN.log.
 set -u
-N=${1:?phase 1-3}
+N=${1:?phase 1-4}
 export PYTHONUNBUFFERED=1
 H=/tmp/h200
 mkdir -p "$H/parts" "$H/site" "$OUT"
@@ -53,6 +53,10 @@ case "$N" in
     step 110 python3 -m pytest -q -p no:cacheprovider -x -m gpu tests/test_gpu_backend.py
     step 370 python3 scripts/bench_rag_scale.py --workdir $W --arch gemma3 --engine fast --limit 10 --clients 8 \
         --methods dragin,two-stage,fixed-length,none --deadline-s 350 --out "$OUT/rag_scale_fast_h200_rest.json" ;;
-*)  echo "phase must be 1-3" >&2; exit 2 ;;
+4)  # phase 1 without the 21M layout, for a session with device time for one short call: the decode step, then
+    # the CUDA tests
+    step 250 python3 scripts/bench_generate.py --device cuda --out "$OUT/generate_h200.json"
+    step 170 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests ;;
+*)  echo "phase must be 1-4" >&2; exit 2 ;;
 esac
 echo "== $(date +%T) phase $N done" | tee -a "$LOG"
