@@ -43,12 +43,17 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> 
 
 # The longest work units (a module, or an xdist group), started before the rest so that none of them starts last
 # and runs alone at the end, longest first: from the suite's --durations=0 summed by unit (fresh clone, 2 workers
-# on 2 cores; the Ray group is about a fifth of the whole, these others 2-9 % each).
+# on 2 cores; the Ray group is about a fifth of the whole, these others 2-9 % each). The last seven (15-22 s each
+# alone on a quiet machine, summed --durations=0) would otherwise come in file order, test_server_shutdown and
+# test_server_answer near the very end; the modules then handed out last (the rest of test_rag_triggers.py to
+# test_writer.py, file order) take under 9 s each alone.
 LONGEST_FIRST = ("ray", "tests/test_cli.py", "tests/test_live_index.py", "tests/test_dense_cli.py",
                  "tests/test_dense.py", "tests/test_runtime_install.py", "tests/test_server_openai.py",
                  "tests/test_gpu_tiles_interpreted.py", "tests/test_wheel.py", "tests/test_server_workers.py",
                  "tests/test_memory_server.py", "tests/test_engine_gemma3.py", "tests/test_rag_direct.py",
-                 "tests/test_bench_attention_script.py")
+                 "tests/test_bench_attention_script.py", "tests/test_live_dense.py", "tests/test_rag_batching.py",
+                 "tests/test_memory_store.py", "tests/test_prefix_cache.py", "tests/test_live_server.py",
+                 "tests/test_server_shutdown.py", "tests/test_server_answer.py")
 
 
 @pytest.hookimpl(optionalhook=True)

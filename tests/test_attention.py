@@ -16,6 +16,7 @@ from ragserve.attention import AttentionError, get_method, method_names
 from ragserve.attention.check import CheckSpec, run_check
 from ragserve.kernels.fpga.attention import FPGA_SIM
 from tests.conftest import REPO
+from tests.serverproc import run_main
 
 SPARSE = [m for m in method_names() if m != "dense"]
 PATHS = ["numpy", "torch"]
@@ -285,5 +286,5 @@ def test_check_command_json_and_bad_arguments():
                 ["--method", "quest", "--context", "100", "--budget", "5"],
                 ["--method", "quest", "--context", "100", "--budget", "100", "--heads", "6", "--kv-heads", "4"],
                 ["--method", "quest", "--context", "100", "--budget", "100", "--device", "tpu"]):
-        r = subprocess.run(cmd + bad + ["--json"], capture_output=True, text=True, cwd=REPO)
+        r = run_main(*cmd[3:], *bad, "--json")  # in this process: the same parsing and exit, no interpreter start
         assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, (bad, r.stderr)

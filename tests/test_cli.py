@@ -10,6 +10,7 @@ import pytest
 
 from ragserve.cli import main
 from tests.conftest import shared
+from tests.serverproc import run_main
 
 
 def ragserve(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -61,14 +62,16 @@ def test_batch_search_writes_trec_run_matching_single_queries(wiki_index, tmp_pa
 
 
 def test_output_paths_get_their_folders_or_a_one_line_error(wiki_index, tmp_path):
+    # Through the CLI's main in this process: the paths are handled there, and the other tests here prove the
+    # real process (seven interpreters importing torch cost ~20 s of the suite on two cores).
     topics = tmp_path / "q.tsv"
     topics.write_text("q1\tfootball club\n")
     run = tmp_path / "runs" / "deep" / "run.trec"  # folders that do not exist yet
-    r = ragserve("search", "--index", str(wiki_index), "--queries", str(topics), "-k", "3", "--output", str(run))
+    r = run_main("search", "--index", str(wiki_index), "--queries", str(topics), "-k", "3", "--output", str(run))
     assert r.returncode == 0, r.stderr
     assert len(run.read_text().splitlines()) == 3
     synth = tmp_path / "corpora" / "new" / "s.jsonl"
-    r = ragserve("corpus", "synth", "--docs", "20", "--out", str(synth))
+    r = run_main("corpus", "synth", "--docs", "20", "--out", str(synth))
     assert r.returncode == 0, r.stderr
     assert len(synth.read_text().splitlines()) == 20
     blocker = tmp_path / "a-file"
@@ -81,7 +84,7 @@ def test_output_paths_get_their_folders_or_a_one_line_error(wiki_index, tmp_path
         (["corpus", "synth", "--docs", "5", "--out", f"{blocker}/s.jsonl"], "cannot create the folder"),
         (["index", str(synth), "--out", f"{blocker}/idx", "--quiet"], "cannot write the index"),
     ]:
-        r = ragserve(*args)
+        r = run_main(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
 

@@ -1,7 +1,9 @@
 """ragserve on Ray (ragserve.distributed), on one local Ray cluster shared by the session: the distributed build
 is the local build byte for byte; distributed search is local search (ids, ranks, score bits) on ArguAna; a
 killed shard replica gives a clear error or a flagged partial result, then comes back; the HTTP API on Ray Serve
-answers bad input as the local server does."""
+answers bad input as the local server does, and its ``/v1/answer`` (the generator in its own deployment, called by
+the ingress's RAG methods) answers as the library's method does in-process. One Serve application serves all of
+these: Ray Serve runs one per cluster, and each start and stop costs tens of seconds on two cores."""
 from __future__ import annotations
 
 import filecmp
@@ -26,7 +28,10 @@ from indexer.writer import build_index
 from ragserve.kernels.contract import ShardsUnavailable
 from ragserve.distributed.shards import ShardFilesError, ShardGroup, merge_topk, plan_groups
 from ragserve.kernels.contract import TopK
+from ragserve.rag.methods import build_method
+from ragserve.rag.prompts import PromptBuilder, load_exemplars
 from ragserve.retrieval.searcher import Searcher
+from tests import rag_support
 from tests.conftest import shared
 from tests.serverproc import ServerProcess, run_cli, wait_until
 from tests.test_server_api import (BAD_ANSWER, BAD_SEARCH, MAX_BATCH, MAX_BODY, MAX_K, MAX_QUERY_CHARS,
@@ -299,13 +304,24 @@ def test_search_cli_on_ray(ray_cluster, small_index, local):
 
 # -- HTTP on Ray Serve -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def ray_server(ray_cluster, small_index):
+def exemplars(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "one.txt"
+    path.write_text("Question: Who wrote Pride and Prejudice?\nAnswer: It was written by Jane Austen. "
+                    "So the answer is Jane Austen.\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_server(ray_cluster, small_index, exemplars):
+    """The API on Ray Serve with the tiny random Llama of tests/rag_support.py as its generator deployment."""
     srv = ServerProcess("--index", str(small_index), "--backend", "cpu", "--ray", ray_cluster, "--ray-groups", "2",
                         "--ray-group-cpus", "0.5", "--max-query-chars", str(MAX_QUERY_CHARS), "--max-batch",
                         str(MAX_BATCH), "--max-k", str(MAX_K), "--max-body-bytes", str(MAX_BODY),
-                        startup_timeout=600)
+                        "--model", str(rag_support.tiny_lm()), "--device", "cpu", "--max-new-tokens", "48",
+                        "--exemplars", str(exemplars), startup_timeout=600)
     ok = wait_until(lambda: _status(srv.url + "/healthz") == 200, 300, interval=0.5)
     assert ok, srv.log()
+    srv.wait_ready(timeout=600)
     yield srv
     assert srv.terminate(timeout=120) == 0, srv.log()
 
@@ -328,6 +344,25 @@ def test_ray_serve_search_matches_local_and_flags_partial(ray_server, local, que
     assert body["missing_shards"] == [] and len(body["results"]) == 2
     info = requests.get(ray_server.url + "/v1/info", timeout=10).json()
     assert info["backend"]["name"] == "cpu" and len(info["backend"]["ray"]["groups"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["flare", "dragin"])
+def test_answer_on_ray_serve_equals_the_in_process_method(ray_server, local, exemplars, method):
+    question, small = "Were Scott Derrickson and Ed Wood of the same nationality?", {
+        "k": 2, "max_new_tokens": 8, "answer_max_tokens": 4}
+    with rag_support.one_torch_thread():  # greedy: repeatable
+        answer, trace = build_method(method, rag_support.generator(), PromptBuilder(load_exemplars(exemplars)),
+                                     local, **small).answer(question)
+    r = requests.post(ray_server.url + "/v1/answer", json={"question": question, "method": method, "options": small},
+                      timeout=300)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"] == answer and body["output"] == trace.output
+    strip = [{k: v for k, v in s.to_dict().items() if k != "times"} for s in trace.steps]
+    assert [{k: v for k, v in s.items() if k != "times"} for s in body["trace"]] == strip
+    info = requests.get(ray_server.url + "/v1/info", timeout=10).json()
+    assert info["model"]["device"] == "cpu" and info["model"]["dtype"] == "float32"
 
 
 @pytest.mark.parametrize("body,status,field", BAD_SEARCH, ids=range(len(BAD_SEARCH)))

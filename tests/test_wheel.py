@@ -49,9 +49,26 @@ def installed(tmp_path_factory) -> dict:
                     str(wheel)], env=env, **run)
     # After the install: pip would take the borrowed editable ragserve for an installed one.
     (site / "borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _offer_compiled_search_kernels(site)
     cwd = tmp / "elsewhere"
     cwd.mkdir()
     return {"bin": venv / "bin", "env": env, "cwd": cwd, "venv": venv}
+
+
+def _offer_compiled_search_kernels(site: Path) -> None:
+    """The search kernels this checkout compiled (other tests' searches), offered to the wheel's copies: numba
+    keys its cache folder by the source folder's path, but takes an entry only if the source file's content hash
+    is the one it was compiled from, so a kernel the wheel ships different still compiles (~11 CPU-s saved on two
+    cores). The index kernels (indexer/) are left to compile from site-packages into the per-user cache, as on a
+    user's first run."""
+    import indexer  # noqa: F401  (first: it sets NUMBA_CACHE_DIR, which the wheel's processes inherit)
+    from numba.core.caching import _CacheLocator  # the cache folder numba derives from a source file's path
+
+    root = Path(os.environ["NUMBA_CACHE_DIR"])
+    kernel = Path("ragserve", "kernels", "cpu", "search.py")  # its folder holds every search kernel
+    have = root / _CacheLocator.get_suitable_cache_subpath(str(REPO / kernel))
+    if have.is_dir():
+        shutil.copytree(have, root / _CacheLocator.get_suitable_cache_subpath(str(site / kernel)), dirs_exist_ok=True)
 
 
 def _run(inst: dict, *args: str, timeout: float = 600) -> str:
