@@ -218,3 +218,12 @@ def gemma_dir(tmp_path_factory) -> Path:
         (d / "path").write_text(out.strip().splitlines()[-1])
 
     return Path((built_once(tmp_path_factory, "gemma", install) / "path").read_text())
+
+
+@pytest.fixture(scope="session")
+def exemplars(tmp_path_factory) -> Path:
+    """One exemplar instead of the shipped file's several: shorter prompts keep the tiny model quick."""
+    path = tmp_path_factory.mktemp("prompts") / "one.txt"
+    path.write_text("Question: Who wrote Pride and Prejudice?\nAnswer: It was written by Jane Austen. "
+                    "So the answer is Jane Austen.\n")
+    return path

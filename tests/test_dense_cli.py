@@ -3,8 +3,6 @@ install``, ``index --dense``, ``index-dense``, ``search --retriever/--rerank``, 
 API (``/v1/search`` with a retriever, ``/v1/answer`` with a long context) on the flask application itself."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import subprocess
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SHARED_DATA, shared
+from tests.serverproc import run_main as ragserve  # in this process: this module makes twenty calls
 
 pytest.importorskip("faiss")
 
@@ -22,21 +21,6 @@ pytest.importorskip("faiss")
 def ragserve_process(*args: str) -> subprocess.CompletedProcess:
     """``python -m ragserve ARGS``, a process of its own: the installer, the build and one search run this way."""
     return subprocess.run([sys.executable, "-m", "ragserve", *args], capture_output=True, text=True, timeout=900)
-
-
-def ragserve(*args: str) -> subprocess.CompletedProcess:
-    """``ragserve ARGS`` through the CLI's ``main`` in this process: the same parsing, output and exit status as
-    ``python -m ragserve`` without a fresh interpreter importing torch and transformers each time (several seconds a
-    call on two cores; this module makes twenty)."""
-    from ragserve.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as e:  # argparse's errors, --help
-            code = e.code if isinstance(e.code, int) else int(e.code is not None)
-    return subprocess.CompletedProcess(["ragserve", *args], code, out.getvalue(), err.getvalue())
 
 
 def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:

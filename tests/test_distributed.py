@@ -304,14 +304,6 @@ def test_search_cli_on_ray(ray_cluster, small_index, local):
 
 # -- HTTP on Ray Serve -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def exemplars(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "one.txt"
-    path.write_text("Question: Who wrote Pride and Prejudice?\nAnswer: It was written by Jane Austen. "
-                    "So the answer is Jane Austen.\n")
-    return path
-
-
-@pytest.fixture(scope="module")
 def ray_server(ray_cluster, small_index, exemplars):
     """The API on Ray Serve with the tiny random Llama of tests/rag_support.py as its generator deployment."""
     srv = ServerProcess("--index", str(small_index), "--backend", "cpu", "--ray", ray_cluster, "--ray-groups", "2",

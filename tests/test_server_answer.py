@@ -30,15 +30,6 @@ LONG = {"k": 2, "max_new_tokens": 24, "answer_max_tokens": 8}
 
 
 @pytest.fixture(scope="module")
-def exemplars(tmp_path_factory):
-    """One exemplar instead of the shipped file's several: shorter prompts keep the tiny model quick."""
-    path = tmp_path_factory.mktemp("prompts") / "one.txt"
-    path.write_text("Question: Who wrote Pride and Prejudice?\nAnswer: It was written by Jane Austen. "
-                    "So the answer is Jane Austen.\n")
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(exemplars):
     srv = start_model_server("--max-new-tokens", str(MAX_NEW), "--max-pending-answers", str(PENDING),
                              "--exemplars", str(exemplars))

@@ -20,14 +20,6 @@ OPTIONS = {"k": 3, "max_new_tokens": 12, "answer_max_tokens": 4}
 
 
 @pytest.fixture(scope="module")
-def exemplars(tmp_path_factory):
-    path = tmp_path_factory.mktemp("prompts") / "one.txt"
-    path.write_text("Question: Who wrote Pride and Prejudice?\nAnswer: It was written by Jane Austen. "
-                    "So the answer is Jane Austen.\n")
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(exemplars):
     srv = start_model_server("--max-new-tokens", "48", "--exemplars", str(exemplars), "--attention", "quest",
                              "--attention-budget", "8192", "--attention-max-budget", "8192")
