@@ -14,10 +14,13 @@ core. ``--llama-bench PATH`` runs llama.cpp's llama-bench on the same GGUF (-p p
 otherwise it is reported as not available.
 
 GPU (--device cuda): a 7B-shaped Gemma 3 (random bf16 weights: Llama-2-7B's widths, 32 layers, 32 heads of 128,
-FFN 11008, vocabulary 32000) at batch 1 and 8 (--batches): prefill, then ms a decode step eager, replayed from the
-engine's CUDA graph, and replayed from the graph of the step compiled by torch.compile (``StepSettings``; its
-compile seconds too), and transformers' own eager forward, against the floor = (weights read a step + the KV
-cache the slots hold) / the device's copy bandwidth measured first; greedy tokens of the engine's paths compared.
+FFN 11008, vocabulary 32000) at batch 1 and 8 (--batches), on the engine as the server makes it (``engine_for``:
+8 slots of the engine's default length, 4,096): prefill, then ms a decode step eager, replayed from the engine's
+CUDA graph, replayed from the graph of the step compiled by torch.compile (``StepSettings``, the default on CUDA;
+its compile seconds too), replayed from the graph of the fixed-shape step (every slot, every cache column: what a
+step read before the buckets), and transformers' own eager forward, against the floor = (weights read a step +
+the KV cache the slots hold) / the device's copy bandwidth measured first; greedy tokens of the engine's paths
+compared.
 ``--toy --torch-device cpu`` runs the same code at toy size on torch's CPU device (CI checks the script with
 ``--compile-backend aot_eager``, which compiles nothing to C++; its times mean nothing).
 """
@@ -277,7 +280,6 @@ def run_gpu(args) -> dict:
     from transformers import Gemma3ForCausalLM
 
     from ragserve.rag.engine import StepSettings
-    from ragserve.rag.engines.gemma3 import Gemma3Engine
 
     device = torch.device(args.torch_device or "cuda")
     cfg = seven_b_config(args.toy)
@@ -301,10 +303,14 @@ def run_gpu(args) -> dict:
         ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).tolist()
         tokens = [1] * batch
         timings, greedy, first_logits, compile_s = {}, {}, {}, None
-        # The eager step and its graph on one engine, the compiled step's graph on another (its own caches).
-        for modes, compile_ in ((("graph", "eager"), "off"), (("compiled",), "on")):
-            engine = Gemma3Engine(model, device=str(device), max_slots=batch, max_length=prompt + steps + 8,
-                                  dense_step=True, step=StepSettings(compile=compile_, backend=args.compile_backend))
+        # The eager step and its graph on one engine, the compiled step's graph on another (its own caches), the
+        # fixed-shape step's graph on a third; each as the server's generator makes it (engine_for's sizes).
+        for modes, settings in ((("graph", "eager"), StepSettings(compile="off")),
+                                (("compiled",), StepSettings(compile="on", backend=args.compile_backend)),
+                                (("fixed",), StepSettings(compile="off", shapes="fixed"))):
+            engine = engine_for(model, str(device), kind="fast", max_slots=max(args.slots, batch),
+                                **({"max_length": args.max_length} if args.max_length else {}), step=settings)
+            assert engine.dense_step, "the static step is what a CUDA device runs"
             slots = [engine.open() for _ in range(batch)]
             for s, row in zip(slots, ids):
                 engine.prefill(s, row)
@@ -336,20 +342,31 @@ def run_gpu(args) -> dict:
                     nxt = logits.argmax(dim=-1).tolist()
                     seq.append(nxt)
                 greedy[mode] = seq
-            compiled = engine.compiled
+            if modes[0] == "graph":
+                bucket = engine.describe()["buckets"][-1]  # the timed steps' (rows, columns)
+                sizes = {"max_slots": engine.max_slots, "max_length": engine.max_length}
+            if modes[0] == "compiled":
+                compiled = engine.compiled
             del engine
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         # Floor: every weight once, plus the KV the slots hold (their mean length over the timed steps).
         kv_bytes = batch * kv_per_token * (prompt + 1 + steps / 2)
         floor_ms = (weight_bytes + kv_bytes) / bw * 1e3
         hf_ms = hf_step_ms(model, ids, steps, device)
         run = {"batch": batch, "graph_ms": timings["graph"], "eager_ms": timings["eager"], "hf_eager_ms": hf_ms,
                "compiled_graph_ms": timings["compiled"], "compiled": compiled, "compile_s": compile_s,
+               "fixed_graph_ms": timings["fixed"], **sizes, "bucket": list(bucket),
+               # what a step reads at the timed steps' bucket (rows x columns of KV) and at fixed shapes
+               "read_bytes": weight_bytes + bucket[0] * bucket[1] * kv_per_token,
+               "fixed_read_bytes": weight_bytes + sizes["max_slots"] * sizes["max_length"] * kv_per_token,
                "floor_ms": floor_ms,
                "x_floor": timings["graph"] / floor_ms, "compiled_x_floor": timings["compiled"] / floor_ms,
                "kv_bytes": kv_bytes,
                "tok_s": batch * 1e3 / timings["graph"], "compiled_tok_s": batch * 1e3 / timings["compiled"],
                "greedy_tokens": check * batch,
                "greedy_equal": greedy["graph"] == greedy["eager"],
+               "fixed_greedy_equal": greedy["fixed"] == greedy["eager"],
                "compiled_greedy_equal": greedy["compiled"] == greedy["eager"],
                "compiled_first_difference": next((i for i, (a, b) in enumerate(zip(greedy["compiled"],
                                                                                    greedy["eager"])) if a != b),
@@ -363,14 +380,16 @@ def run_gpu(args) -> dict:
 def gpu_table(report: dict) -> str:
     lines = [f"{report['device']}: {report['params'] / 1e9:.2f}B parameters bf16, copy bandwidth "
              f"{report['copy_bandwidth_gbs']:.0f} GB/s, prompt {report['prompt_tokens']}",
-             "| batch | compiled graph ms/step | graph ms/step | engine eager ms/step | transformers eager ms/step | "
-             "floor ms | compiled x floor | graph x floor | compile s | greedy graph = eager | "
-             "greedy compiled = eager |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| batch | bucket (slots x columns) | compiled graph ms/step | graph ms/step | fixed-shape graph ms/step | "
+             "engine eager ms/step | transformers eager ms/step | floor ms | compiled x floor | graph x floor | "
+             "compile s | greedy graph = eager | greedy compiled = eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         compiled = f"{r['compiled_graph_ms']:.2f}" + ("" if r["compiled"] else " (compile failed: eager)")
         comp_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
         diff = "" if r["compiled_greedy_equal"] else f", first differs at step {r['compiled_first_difference']}"
-        lines.append(f"| {r['batch']} | {compiled} | {r['graph_ms']:.2f} | {r['eager_ms']:.2f} | "
+        lines.append(f"| {r['batch']} | {r['bucket'][0]} x {r['bucket'][1]} | {compiled} | {r['graph_ms']:.2f} | "
+                     f"{r['fixed_graph_ms']:.2f} | {r['eager_ms']:.2f} | "
                      f"{r['hf_eager_ms']:.2f} | {r['floor_ms']:.2f} | {r['compiled_x_floor']:.2f} | "
                      f"{r['x_floor']:.2f} | {comp_s} | {r['greedy_equal']} ({r['greedy_tokens']} tokens) | "
                      f"{r['compiled_greedy_equal']} (max logit diff {r['compiled_max_logit_diff']:.3g}{diff}) |")
@@ -393,6 +412,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8", help="GPU mode: batch sizes")
     ap.add_argument("--prompt-tokens", type=int, default=512, help="GPU mode: tokens cached before decoding")
     ap.add_argument("--decode-steps", type=int, default=32, help="GPU mode: timed steps")
+    ap.add_argument("--slots", type=int, default=8, help="GPU mode: the engine's slots (the generator's default)")
+    ap.add_argument("--max-length", type=int, default=0,
+                    help="GPU mode: the engine's positions a slot (0: the engine's default, as the server runs it)")
     ap.add_argument("--toy", action="store_true", help="GPU mode at toy size (with --torch-device cpu in CI)")
     ap.add_argument("--torch-device", help="GPU mode: torch device to run on (default cuda)")
     ap.add_argument("--compile-backend", default="inductor",

@@ -22,12 +22,15 @@ def test_gpu_mode_runs_at_toy_size_on_the_cpu(tmp_path):
     assert [run["batch"] for run in report["runs"]] == [1, 8]
     for run in report["runs"]:
         assert run["graph_ms"] > 0 and run["eager_ms"] > 0 and 0 < run["floor_ms"] < run["graph_ms"]
+        # the server's engine: 8 slots of 4,096 positions; the toy's 24 + 4 positions read one 256-column bucket
+        assert (run["max_slots"], run["max_length"]) == (8, 4096) and run["fixed_graph_ms"] > 0
+        assert run["bucket"] == [run["batch"], 256] and run["read_bytes"] < run["fixed_read_bytes"]
         assert run["kv_bytes"] > 0 and run["x_floor"] == run["graph_ms"] / run["floor_ms"]
         assert run["compiled"] and run["compile_s"] > 0 and run["compiled_graph_ms"] > 0
         assert run["compiled_x_floor"] == run["compiled_graph_ms"] / run["floor_ms"]
         # aot_eager runs the step's own aten ops: the same tokens as the eager step
         assert run["greedy_equal"] and run["compiled_greedy_equal"] and run["compiled_first_difference"] is None
-    assert "| batch | compiled graph ms/step | graph ms/step |" in r.stdout
+    assert "| batch | bucket (slots x columns) | compiled graph ms/step | graph ms/step |" in r.stdout
 
 
 def test_gpu_mode_without_cuda_says_so():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ragserve.kernels.cpu import decode
+from ragserve.rag.engine import StepSettings
 from ragserve.rag.engines import engine_for
 from ragserve.rag.engines.gemma3 import Gemma3Engine
 from ragserve.rag.engines.quantized import unpack
@@ -63,11 +64,13 @@ def test_greedy_tokens_equal_transformers_eager(tiny, dense):
             torch.testing.assert_close(b, a, rtol=0, atol=5e-5)
 
 
-@pytest.mark.parametrize("dense", [False, True], ids=["kernels", "static"])
-def test_step_logits_are_the_same_bits_alone_or_beside_others(tiny, dense):
+@pytest.mark.parametrize("dense,shapes", [(False, "bucketed"), (True, "fixed"), (True, "bucketed")],
+                         ids=["kernels", "static fixed", "static bucketed"])
+def test_step_logits_are_the_same_bits_alone_or_beside_others(tiny, dense, shapes):
     """Slot A decodes the same tokens alone and then beside two other slots at different lengths, in different
-    orders: its logits are bit-identical every step."""
-    engine = Gemma3Engine(tiny, max_slots=3, max_length=96, dense_step=dense)
+    orders: its logits are bit-identical every step (the kernels; the static step at fixed shapes), or, where
+    the step's rows follow the slots stepping (bucketed), within f32 rounding, the same greedy tokens."""
+    engine = Gemma3Engine(tiny, max_slots=3, max_length=96, dense_step=dense, step=StepSettings(shapes=shapes))
     a = engine.open()
     first = engine.prefill(a, PROMPTS[0])
     toks = [int(first.argmax())]
@@ -86,7 +89,11 @@ def test_step_logits_are_the_same_bits_alone_or_beside_others(tiny, dense):
         else:
             rows = engine.step([c, a], [tc, toks[i]])
             ra, tc = rows[1], int(rows[0].argmax())
-        assert torch.equal(ra, alone[i]), f"step {i}"
+        if dense and shapes == "bucketed":
+            torch.testing.assert_close(ra, alone[i], rtol=0, atol=5e-5)
+            assert int(ra.argmax()) == toks[i + 1], f"step {i}"
+        else:
+            assert torch.equal(ra, alone[i]), f"step {i}"
 
 
 def test_truncate_reuses_the_prefix(tiny):
@@ -183,8 +190,8 @@ class RecordingGraphs:
 
 
 def test_cuda_step_takes_the_graph_path(tiny):
-    """With a graph driver (what CUDA gets by default), the first step captures the static step once and every step
-    is one replay, nothing run outside it; the tokens are transformers' and the kernels path's."""
+    """With a graph driver (what CUDA gets by default), a bucket's first step captures the static step once and its
+    every step after is one replay, nothing run outside it; the tokens are transformers' and the kernels path's."""
     graphs = RecordingGraphs()
     engine = Gemma3Engine(tiny, max_slots=2, max_length=96, dense_step=True, graphs=graphs)
     assert engine.describe()["step"] == "graph"
@@ -196,7 +203,34 @@ def test_cuda_step_takes_the_graph_path(tiny):
     s, t = engine.open(), engine.open()
     ra, rb = engine.prefill(s, PROMPTS[1]), engine.prefill(t, PROMPTS[2])
     engine.step([s, t], [int(ra.argmax()), int(rb.argmax())])
-    assert graphs.log == [("replay", 1)]  # two slots: the same graph, no new capture
+    engine.step([s], [int(ra.argmax())])
+    assert graphs.log == [("capture", 2), ("replay", 2), ("replay", 1)]  # two rows: one more graph
+    assert engine.describe()["buckets"] == [(1, 96), (2, 96)]
+
+
+def test_step_buckets_follow_the_live_slots_and_lengths(tiny):
+    """Bucketed, a step reads the slots up to the highest stepping and the columns up to the longest new position,
+    powers of two from the span: one graph a bucket, captured at its first step, and transformers' tokens across
+    bucket edges. Fixed shapes: one graph of every slot and column."""
+    graphs = RecordingGraphs()
+    engine = Gemma3Engine(tiny, max_slots=4, max_length=96, dense_step=True, graphs=graphs,
+                          step=StepSettings(span=16))
+    got, _ = engine_greedy(engine, PROMPTS[0], 50)  # 21 prompt positions, steps write 21..69
+    assert got == hf_greedy(tiny, PROMPTS[0], 50)[0]
+    assert engine.describe()["buckets"] == [(1, 32), (1, 64), (1, 96)]
+    assert [e for e in graphs.log if e[0] == "capture"] == [("capture", 1), ("capture", 2), ("capture", 3)]
+    assert len(graphs.log) == 3 + 50  # and a replay every step
+    slots = [engine.open() for _ in range(3)]
+    engine.prefill(slots[2], [2, 5, 6])
+    engine.step([slots[2]], [7])  # slot 2 alone: rows 0..2, four of them
+    assert engine.describe()["buckets"][-1] == (4, 16)
+    fixed = Gemma3Engine(tiny, max_slots=4, max_length=96, dense_step=True, graphs=RecordingGraphs(),
+                         step=StepSettings(shapes="fixed"))
+    assert engine_greedy(fixed, PROMPTS[0], 50)[0] == got
+    assert fixed.describe()["buckets"] == [(4, 96)]
+    for bad in (StepSettings(shapes="some"), StepSettings(span=0)):
+        with pytest.raises(GeneratorError, match="bucketed or fixed|span"):
+            Gemma3Engine(tiny, max_slots=1, max_length=16, dense_step=True, step=bad)
 
 
 def _random_blocks(kind: str, rows: int, cols: int, rng) -> np.ndarray:

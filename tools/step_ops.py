@@ -44,11 +44,16 @@ def _engine(layers: int) -> Gemma3Engine:
     return engine
 
 
+def _step_args(engine: Gemma3Engine) -> tuple:
+    """The static step's arguments at the fixed shapes (every slot, every column)."""
+    return engine._args((engine.max_slots, engine.max_length))
+
+
 @torch.inference_mode()
 def eager_ops(layers: int) -> collections.Counter:
     engine = _engine(layers)
     with _Count() as count:
-        engine._static_forward()
+        engine._static_forward(*_step_args(engine))
     return count.ops
 
 
@@ -58,7 +63,7 @@ def compiled_calls(layers: int) -> collections.Counter:
 
     engine = _engine(layers)
     fn = torch.compile(engine._static_forward, fullgraph=True, dynamic=False)
-    _, codes = run_and_get_code(fn)
+    _, codes = run_and_get_code(fn, *_step_args(engine))
     call = "\n".join(codes).split("def call(")[-1]
     return collections.Counter(m.group(1) for m in re.finditer(
         r"^\s+(cpp_fused|triton_\w+|extern_kernels\.\w+)", call, re.M))

@@ -33,10 +33,18 @@ class StepSettings:
     ``torch.compile`` (one fused kernel where eager torch launches several: a norm, a rotary, a softmax with its
     mask): ``auto`` on CUDA when Triton imports, off elsewhere; ``on``; ``off``. A step that fails to compile
     runs eagerly (one logged line). ``backend`` and ``mode``: ``torch.compile``'s (inductor's default mode, not
-    ``reduce-overhead``: the engine captures its own graph of the compiled step)."""
+    ``reduce-overhead``: the engine captures its own graph of the compiled step).
+
+    ``shapes``: ``bucketed`` (the default) runs the step over the slots up to the highest one stepping and the
+    cache columns up to the longest, each rounded up to a power of two (columns from ``span``), one graph a
+    bucket: a step reads the weights and about the live KV, not every slot's whole cache. ``fixed`` always runs
+    every slot over every column (``max_slots`` x ``max_length`` of KV a step): one graph, and a row's bits never
+    depend on what steps beside it; bucketed, the matmuls' shapes follow the bucket, so a row's last bits may."""
     compile: str = "auto"
     backend: str | Callable = "inductor"
     mode: str | None = None
+    shapes: str = "bucketed"
+    span: int = 256
 
 
 def engine_options(step_compile: str = "auto") -> dict | None:

@@ -55,8 +55,8 @@ case "$N" in
         --methods dragin,two-stage,fixed-length,none --deadline-s 350 --out "$OUT/rag_scale_fast_h200_rest.json" ;;
 4)  # phase 1 without the 21M layout, for a session with device time for one short call: the decode step, then
     # the CUDA tests
-    step 250 python3 scripts/bench_generate.py --device cuda --out "$OUT/generate_h200.json"
-    step 170 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests ;;
+    step 320 python3 scripts/bench_generate.py --device cuda --out "$OUT/generate_h200.json"
+    step 200 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests ;;
 *)  echo "phase must be 1-4" >&2; exit 2 ;;
 esac
 echo "== $(date +%T) phase $N done" | tee -a "$LOG"

@@ -9,10 +9,13 @@ does. Decode differs by device:
   weight instead of 4) after a bit-for-bit check that they de-quantize to the checkpoint's f32 weights: the
   products are the f32 products, only the order of the sums differs. Without one the kernels read the f32 weights.
   Each row is a fixed loop whatever shares the call, so a slot's logits are the same bits alone or in a batch.
-- CUDA: one static-shape step over every slot (rows of slots not stepping write a spare cache column and are
-  discarded), captured once as a CUDA graph and replayed each step. A row's arithmetic never depends on the others:
-  the shapes are always the same. Eager, the step is ~90 small kernels a layer (each norm alone is ten); so
-  ``StepSettings.compile`` has ``torch.compile`` fuse them before the capture (the graph then replays its kernels).
+- CUDA: one static-shape step over the slots up to the highest one stepping and the cache columns up to the
+  longest, each rounded up to a power of two (``StepSettings.shapes``; rows of slots not stepping write a spare
+  cache column and are discarded), captured as a CUDA graph at a bucket's first step and replayed after. Reading
+  every slot's whole cache instead would cost more than the weights at serving sizes (a 7B-shaped model's 4,096
+  positions are 2.1 GB a slot). Eager, the step is ~90 small kernels a layer (each norm alone is ten); so
+  ``StepSettings.compile`` has ``torch.compile`` fuse them before the capture (the graph then replays its kernels),
+  one compile for every bucket (rows and columns are dynamic sizes).
 
 The caches are preallocated ``[slots, kv heads, max_length (+1 spare), head dim]`` per layer; ``truncate`` only
 moves a slot's length, so a prompt prefix kept across retrieval rounds is not recomputed. A prefill runs in chunks
@@ -156,6 +159,10 @@ class Gemma3Engine:
         self.step_settings = step or StepSettings()
         if self.step_settings.compile not in ("auto", "on", "off"):
             raise _error(f"the step's compile setting is auto, on or off, not {self.step_settings.compile!r}")
+        if self.step_settings.shapes not in ("bucketed", "fixed"):
+            raise _error(f"the step's shapes are bucketed or fixed, not {self.step_settings.shapes!r}")
+        if not isinstance(self.step_settings.span, int) or self.step_settings.span < 1:
+            raise _error(f"the step's span must be a positive integer, not {self.step_settings.span!r}")
         self.prefill_chunk = settings.chunk
         self.prefix_cache = PrefixCache(settings.chunk, settings.prefix_cache_bytes) \
             if settings.prefix_cache_bytes else None
@@ -203,13 +210,14 @@ class Gemma3Engine:
         # The CPU kernels read f32 weights (or the GGUF's, checked against f32): other dtypes take the static step.
         self.dense_step = (on_cuda or self.dtype != torch.float32) if dense_step is None else dense_step
         self.graphs = (CudaGraphs() if on_cuda else None) if graphs is None else graphs
-        self._graph = None
+        self._graphs: dict[tuple[int, int], object] = {}  # (rows, columns) -> its captured step
+        self._ran: set[tuple[int, int]] = set()  # buckets the compiled step has run (compiled) once
         self._out: torch.Tensor | None = None  # the static step's buffers, made at its first use
         compile_ = self.step_settings.compile
         self.compile_step = self.dense_step and (compile_ == "on" or compile_ == "auto" and on_cuda and _triton())
-        self._forward: Callable[[], None] | None = None  # the static step as run and captured, set at first use
+        self._forward: Callable[..., None] | None = None  # the static step as run and captured, set at first use
         self.compiled = False  # whether that is the compiled step
-        self.compile_s: float | None = None  # seconds its compile took
+        self.compile_s: float | None = None  # seconds its compiles took (each bucket's first run)
         self.weights = "f32"
         if not self.dense_step:
             if self.device.type != "cpu" or self.dtype != torch.float32:
@@ -263,7 +271,8 @@ class Gemma3Engine:
             read = sum(x.nbytes for x in (*self.kq, *self.ko, *self.kgu, *self.kd, self.khead))
         return {"engine": "gemma3", "device": str(self.device), "weights": self.weights,
                 "step": ("graph" if self.graphs is not None else "static") if self.dense_step else "kernels",
-                "compiled": self.compiled, "compile_s": self.compile_s,
+                "compiled": self.compiled, "compile_s": self.compile_s, "shapes": self.step_settings.shapes,
+                "buckets": sorted(self._graphs) if self.graphs is not None else sorted(self._ran),
                 "max_slots": self.max_slots, "max_length": self.max_length, "decode_weight_bytes": read,
                 "prefill_chunk": self.prefill_chunk, "prefix_cache": None if self.prefix_cache is None else {
                     "chunks": len(self.prefix_cache), "bytes": self.prefix_cache.nbytes,
@@ -506,19 +515,35 @@ class Gemma3Engine:
         s, dev = self.max_slots, self.device
         self._ids = torch.zeros(s, dtype=torch.long, device=dev)
         self._pos = torch.zeros(s, dtype=torch.long, device=dev)  # where each row writes (max_length: spare)
+        self._cols = torch.arange(self.max_length, device=dev)
         self._out = torch.zeros(s, self.cfg.vocab_size, dtype=torch.float32, device=dev)
+        self._views: dict[tuple[int, int], tuple] = {}
 
-    def _static_forward(self) -> None:
-        """Every slot one token: ids ``_ids``, written at ``_pos`` (max_length for rows not stepping, whose
-        outputs are garbage), attending to positions ``<= _pos``; logits into ``_out``. Fixed shapes throughout:
-        what a CUDA graph captures."""
-        s, nh, nkv, d, group = self.max_slots, self.n_heads, self.n_kv, self.head_dim, self.n_heads // self.n_kv
+    def _bucket(self, slots: Sequence[int]) -> tuple[int, int]:
+        """The step's rows and cache columns: every slot up to the highest stepping and every column up to the
+        longest one's new position, each a power of two (columns from the span), or all of them (fixed)."""
+        if self.step_settings.shapes == "fixed":
+            return self.max_slots, self.max_length
+        return (_round_up(max(slots) + 1, 1, self.max_slots),
+                _round_up(max(self.lengths[s] for s in slots) + 1, self.step_settings.span, self.max_length))
+
+    def _args(self, bucket: tuple[int, int]) -> tuple:
+        """The bucket's views of the static buffers: what its step reads and writes, at fixed addresses."""
+        if bucket not in self._views:
+            rows, cols = bucket
+            self._views[bucket] = (self._ids[:rows], self._pos[:rows], self._cols[:cols], self._out[:rows])
+        return self._views[bucket]
+
+    def _static_forward(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor, out: torch.Tensor) -> None:
+        """Rows ``0..len(ids)``, one token each: ids ``ids``, written at ``pos`` (max_length for rows not stepping,
+        whose outputs are garbage), attending to the columns ``cols`` (the cache's first ones) ``<= pos``; logits
+        into ``out``. Fixed shapes throughout: what a CUDA graph captures."""
+        s, nh, nkv, d, group = ids.shape[0], self.n_heads, self.n_kv, self.head_dim, self.n_heads // self.n_kv
+        n = cols.shape[0]
         rows = torch.arange(s, device=self.device)
-        pos = self._pos
-        cols = torch.arange(self.max_length + 1, device=self.device)
-        causal = (cols[None, :] <= pos[:, None]) & (cols[None, :] < self.max_length)
+        causal = cols[None, :] <= pos[:, None]
         masks = {False: causal, True: causal & (cols[None, :] > pos[:, None] - self.window)}
-        h = F.embedding(self._ids, self.embed) * self.normalizer
+        h = F.embedding(ids, self.embed) * self.normalizer
         for i, layer in enumerate(self.layers):
             at = layer.self_attn
             cos, sin = (t[pos][:, None] for t in self.rope[self.cfg.layer_types[i]])
@@ -531,70 +556,94 @@ class Gemma3Engine:
             self.k_cache[i][rows, :, pos] = k
             self.v_cache[i][rows, :, pos] = v
             qg = q.view(s, nkv, group, d)
-            scores = torch.matmul(qg, self.k_cache[i].transpose(2, 3)) * self.scaling  # [s, kv, group, L+1]
+            keys = self.k_cache[i][:s, :, :n]
+            scores = torch.matmul(qg, keys.transpose(2, 3)) * self.scaling  # [s, kv, group, n]
             mask = masks[self.sliding[i]][:, None, None, :]
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            a = torch.matmul(probs, self.v_cache[i]).reshape(s, nh * d)
+            a = torch.matmul(probs, self.v_cache[i][:s, :, :n]).reshape(s, nh * d)
             h = h + _rms(F.linear(a, at.o_proj.weight), layer.post_attention_layernorm.weight, self.eps)
             mlp = layer.mlp
             x = _rms(h, layer.pre_feedforward_layernorm.weight, self.eps)
             m = F.gelu(F.linear(x, mlp.gate_proj.weight), approximate="tanh") * F.linear(x, mlp.up_proj.weight)
             h = h + _rms(F.linear(m, mlp.down_proj.weight), layer.post_feedforward_layernorm.weight, self.eps)
         h = _rms(h, self.model.model.norm.weight, self.eps)
-        self._out.copy_(F.linear(h, self.lm_head).float())
+        out.copy_(F.linear(h, self.lm_head).float())
 
-    def _compiled(self) -> Callable[[], None]:
-        """The static step through ``torch.compile``, compiled now by running it once (outside any graph capture:
-        a compile inside one fails); the eager step, with one logged line, if that fails. Running a step twice is
-        harmless: it writes only the positions it computes, the same values again."""
-        s = self.step_settings
+    def _fall_back(self, what: str, e: Exception) -> None:
+        log.warning("%s: %s: %s", what, type(e).__name__, " ".join(str(e).split())[:300])
+        self._forward, self.compiled = self._static_forward, False
+
+    def _first_run(self, bucket: tuple[int, int]) -> None:
+        """A bucket's first step through ``torch.compile``: compiled now (a bucket's rows and columns are dynamic
+        sizes, so a new bucket rarely compiles again), outside any graph capture (a compile inside one fails).
+        Running a step twice is harmless: it writes only the positions it computes, the same values again. A
+        compile that fails leaves the eager step, with one logged line."""
+        if self._forward is None:
+            s = self.step_settings
+            self._forward = self._static_forward if not self.compile_step else torch.compile(
+                self._static_forward, fullgraph=True, dynamic=False if s.shapes == "fixed" else None,
+                backend=s.backend, **({"mode": s.mode} if s.mode else {}))
+        if self._forward == self._static_forward or bucket in self._ran:
+            self._ran.add(bucket)
+            return
+        ids, pos, cols, out = self._args(bucket)
+        if self.step_settings.shapes == "bucketed":
+            for t in (ids, pos, cols, out):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         t = time.perf_counter()
         try:
-            fn = torch.compile(self._static_forward, fullgraph=True, dynamic=False, backend=s.backend,
-                               **({"mode": s.mode} if s.mode else {}))
-            fn()
+            self._forward(ids, pos, cols, out)
         except Exception as e:  # any failure: the eager step computes the same tokens, only slower
-            log.warning("the decode step did not compile, it runs eagerly: %s: %s", type(e).__name__,
-                        " ".join(str(e).split())[:300])
-            return self._static_forward
-        self.compile_s = time.perf_counter() - t
+            self._fall_back("the decode step did not compile, it runs eagerly", e)
+            return
+        self.compile_s = (self.compile_s or 0.0) + time.perf_counter() - t
         self.compiled = True
-        return fn
+        self._ran.add(bucket)
 
-    def _capture(self):
-        """The graph of the step as run; a compiled step that cannot be captured falls back to the eager one."""
+    def _capture(self, bucket: tuple[int, int]):
+        """The graph of the bucket's step as run; a compiled step that cannot be captured falls back to the eager
+        one."""
+        args = self._args(bucket)
         if not self.compiled:
-            return self.graphs.capture(self._forward)
+            return self.graphs.capture(lambda: self._forward(*args))
         try:
-            return self.graphs.capture(self._forward)
+            return self.graphs.capture(lambda: self._forward(*args))
         except Exception as e:
-            log.warning("the compiled decode step could not be captured, the eager one is: %s: %s",
-                        type(e).__name__, " ".join(str(e).split())[:300])
-            self._forward, self.compiled = self._static_forward, False
-            return self.graphs.capture(self._forward)
+            self._fall_back("the compiled decode step could not be captured, the eager one is", e)
+            return self.graphs.capture(lambda: self._forward(*args))
 
     def _step_dense(self, slots: Sequence[int], ids: Sequence[int]) -> torch.Tensor:
         if self._out is None:
             self._static_buffers()
-        ids_all = [0] * self.max_slots
-        pos_all = [self.max_length] * self.max_slots
+        bucket = self._bucket(slots)
+        rows = bucket[0]
+        ids_all = [0] * rows
+        pos_all = [self.max_length] * rows
         for s, t in zip(slots, ids):
             ids_all[s], pos_all[s] = int(t), self.lengths[s]
-        self._ids.copy_(torch.tensor(ids_all), non_blocking=True)
-        self._pos.copy_(torch.tensor(pos_all), non_blocking=True)
-        if self._forward is None:
-            self._forward = self._compiled() if self.compile_step else self._static_forward
+        self._ids[:rows].copy_(torch.tensor(ids_all), non_blocking=True)
+        self._pos[:rows].copy_(torch.tensor(pos_all), non_blocking=True)
+        if bucket not in self._ran:
+            self._first_run(bucket)
         if self.graphs is None:
-            self._forward()
+            self._forward(*self._args(bucket))
         else:
-            if self._graph is None:
-                self._graph = self._capture()
-            self.graphs.replay(self._graph)
+            if bucket not in self._graphs:
+                self._graphs[bucket] = self._capture(bucket)
+            self.graphs.replay(self._graphs[bucket])
         out = self._out[torch.as_tensor(list(slots), device=self.device)]
         if self.softcap is not None:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out
+
+
+def _round_up(n: int, smallest: int, limit: int) -> int:
+    """The smallest power-of-two multiple of ``smallest`` holding ``n``, at most ``limit``."""
+    b = smallest
+    while b < n:
+        b *= 2
+    return min(b, limit)
 
 
 def _triton() -> bool:
