@@ -311,6 +311,7 @@ def run_gpu(args) -> dict:
             engine = engine_for(model, str(device), kind="fast", max_slots=max(args.slots, batch),
                                 **({"max_length": args.max_length} if args.max_length else {}), step=settings)
             assert engine.dense_step, "the static step is what a CUDA device runs"
+            engine.warm()  # as the generator does once built: the compiled step compiles here
             slots = [engine.open() for _ in range(batch)]
             for s, row in zip(slots, ids):
                 engine.prefill(s, row)

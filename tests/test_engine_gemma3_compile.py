@@ -97,6 +97,27 @@ def test_compiled_step_rows_are_the_same_bits_alone_or_beside_others(tiny, compi
         engine.close(s)
 
 
+def test_warm_compiles_every_bucket_before_the_first_step(tiny):
+    """``warm`` (the generator calls it once built) compiles the step for one slot and for several; steps after it
+    cross row and column buckets without compiling again, and decode the eager step's tokens."""
+    from torch._dynamo.utils import counters
+
+    engine = Gemma3Engine(tiny, max_slots=3, max_length=80, dense_step=True,
+                          step=StepSettings(compile="on", span=16))
+    torch._dynamo.reset()  # no earlier test's compiles of these shapes to reuse
+    with torch._inductor.config.patch(compile_threads=1):
+        engine.warm()
+    assert engine.compiled and engine.compile_s > 0
+    before = counters["stats"]["unique_graphs"]
+    assert engine.free == [0, 1, 2] and all(n == 0 for n in engine.lengths)
+    eager = Gemma3Engine(tiny, max_slots=3, max_length=80, dense_step=True,
+                         step=StepSettings(compile="off", span=16))
+    assert greedy(engine, PROMPTS, 40) == greedy(eager, PROMPTS, 40)
+    assert greedy(engine, PROMPTS[1:2], 40) == greedy(eager, PROMPTS[1:2], 40)
+    assert counters["stats"]["unique_graphs"] == before  # no compile after warm
+    assert {(3, 32), (3, 64), (1, 32), (1, 64)} <= set(engine.describe()["buckets"])
+
+
 class Graphs:
     """The capture/replay driver as CUDA uses it, recorded (tests/test_engine_gemma3.py's): capture runs nothing,
     replay runs the captured step. ``refuse``: captures that raise first (a compiled step CUDA cannot capture)."""

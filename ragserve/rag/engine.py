@@ -58,6 +58,10 @@ class DecodeEngine(Protocol):
     max_length: int  # positions a slot's cache holds
     prefill_chunk: int  # a prefill's chunks are aligned to multiples of this (0: one pass)
 
+    def warm(self) -> None:
+        """Compile what the decode steps will run (a no-op for an engine that compiles nothing), so that no
+        request waits for it: the generator calls it once it is built."""
+
     def open(self) -> int:
         """A free slot with an empty cache (raises ``GeneratorError`` when all are taken)."""
 

@@ -122,6 +122,7 @@ class Generator:
         self.eos_ids = {int(e) for e in eos if e is not None}
         self.bos_id = self.tokenizer.bos_token_id
         self.attention_method = None  # the sparse attention of decode steps (None: the model's own)
+        self.engine.warm()  # a compiled step compiles now, not in the first request
 
     def sparse_method(self, name: str, budget: int | None = None, **options):
         """A sparse attention method for this model's decode steps (its attention function installed on first use)."""

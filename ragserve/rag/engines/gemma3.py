@@ -278,6 +278,24 @@ class Gemma3Engine:
                     "chunks": len(self.prefix_cache), "bytes": self.prefix_cache.nbytes,
                     "hits": self.prefix_cache.hits, "stored": self.prefix_cache.stored}}
 
+    @torch.inference_mode()
+    def warm(self) -> None:
+        """Compile the static step for one slot stepping and for several (one compile serves every bucket of
+        each: rows of one are a specialised size), every row writing its spare column (no slot's cache is
+        touched), so that no request waits for a compile. Nothing to do for an uncompiled or kernels step."""
+        if not self.compile_step:
+            return
+        if self._out is None:
+            self._static_buffers()
+        self._ids.zero_()
+        self._pos.fill_(self.max_length)
+        span = min(self.step_settings.span, self.max_length)
+        buckets = [(self.max_slots, self.max_length)] if self.step_settings.shapes == "fixed" else \
+            sorted({(1, span), (self.max_slots, span)})
+        for bucket in buckets:
+            if bucket not in self._ran:
+                self._first_run(bucket)
+
     # -- slots ------------------------------------------------------------------------------
     def open(self) -> int:
         if not self.free:

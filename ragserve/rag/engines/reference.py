@@ -51,6 +51,9 @@ class ReferenceEngine:
                          use_cache=True, **kw)
         return out.logits[0, -1].float()
 
+    def warm(self) -> None:
+        pass  # transformers' eager forward: nothing to compile
+
     @torch.inference_mode()
     def prefill(self, slot: int, ids: Sequence[int], logits: bool = True) -> torch.Tensor | None:
         row = self._forward(slot, ids)
