@@ -97,14 +97,15 @@ def test_compiled_step_rows_are_the_same_bits_alone_or_beside_others(tiny, compi
         engine.close(s)
 
 
-def test_warm_compiles_every_bucket_before_the_first_step(tiny):
+def test_warm_compiles_every_bucket_before_the_first_step():
     """``warm`` (the generator calls it once built) compiles the step for one slot and for several; steps after it
     cross row and column buckets without compiling again, and decode the eager step's tokens."""
     from torch._dynamo.utils import counters
 
+    # one layer: a model no earlier test compiled (a compile of the same shapes would be reused)
+    tiny = tiny_gemma3(layers=1, layer_types=["full_attention"])
     engine = Gemma3Engine(tiny, max_slots=3, max_length=80, dense_step=True,
                           step=StepSettings(compile="on", span=16))
-    torch._dynamo.reset()  # no earlier test's compiles of these shapes to reuse
     with torch._inductor.config.patch(compile_threads=1):
         engine.warm()
     assert engine.compiled and engine.compile_s > 0
