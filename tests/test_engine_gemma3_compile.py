@@ -203,9 +203,10 @@ def test_step_settings_reach_the_engine_from_the_generator(tiny):
     assert gen.engine.step_settings is settings
 
 
-def test_step_compile_flag_reaches_the_generator_from_serve_and_eval(tmp_path, monkeypatch, capsys):
-    """``--step-compile`` becomes the generator's ``engine_options`` (none for the default: the reference engine
-    takes no options), from ``ragserve serve`` through its answer service and from ``ragserve eval``."""
+def test_step_flags_reach_the_generator_from_serve_and_eval(tmp_path, monkeypatch, capsys):
+    """``--step-compile`` and ``--step-shapes`` become the generator's ``engine_options`` (none for the defaults:
+    the reference engine takes no options), from ``ragserve serve`` through its answer service and from
+    ``ragserve eval``."""
     from ragserve.cli import build_parser, main
     from ragserve.commands import serve
     from ragserve.rag import generator
@@ -219,8 +220,10 @@ def test_step_compile_flag_reaches_the_generator_from_serve_and_eval(tmp_path, m
         calls.append(kw)
         raise GeneratorError("recorded")
 
-    for flag, want in (("on", {"step": StepSettings(compile="on")}), ("auto", None)):
-        args = build_parser().parse_args(["serve", "--index", str(tmp_path), "--model", "m", "--step-compile", flag])
+    for flags, want in ((["--step-compile", "on"], {"step": StepSettings(compile="on")}),
+                        (["--step-shapes", "fixed"], {"step": StepSettings(shapes="fixed")}),
+                        (["--step-compile", "auto"], None)):
+        args = build_parser().parse_args(["serve", "--index", str(tmp_path), "--model", "m", *flags])
         service = serve._answer_service(args, ServerConfig(), None, ServerMetrics())
         assert service.engine_options == want
         AnswerService("m", None, ServerConfig(), ServerMetrics(), load_generator=load,
@@ -233,5 +236,6 @@ def test_step_compile_flag_reaches_the_generator_from_serve_and_eval(tmp_path, m
     monkeypatch.setattr(generator, "Generator", lambda *a, **kw: load(*a, **kw))
     (tmp_path / "config.json").write_text("{}")
     rc = main(["eval", "--dataset", str(shared(*rag_support.HOTPOT_IRCOT)), "--method", "none", "--model",
-               str(tmp_path), "--step-compile", "off", "--out", str(tmp_path / "o.jsonl"), "--quiet"])
-    assert rc == 2 and calls.pop()["engine_options"] == {"step": StepSettings(compile="off")}
+               str(tmp_path), "--step-compile", "off", "--step-shapes", "fixed", "--out", str(tmp_path / "o.jsonl"),
+               "--quiet"])
+    assert rc == 2 and calls.pop()["engine_options"] == {"step": StepSettings(compile="off", shapes="fixed")}

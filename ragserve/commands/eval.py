@@ -69,6 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--step-compile", default="auto", choices=["auto", "on", "off"],
                    help="compile the fast engine's static decode step (torch.compile): auto (on CUDA with "
                     "Triton), on, off (default auto)")
+    g.add_argument("--step-shapes", default="bucketed", choices=["bucketed", "fixed"],
+                   help="the static decode step's shapes: bucketed (the slots and cache columns in use, rounded "
+                   "up to powers of two) or fixed (every slot and column: an answer's bits never depend on "
+                   "the others decoding beside it, at the cost of reading every cache) (default bucketed)")
     r = p.add_argument_group("retrieval")
     r.add_argument("-k", "--k", dest="k", type=int,
                    help="passages per retrieval (default: the method's: 3; bridge 2)")
@@ -245,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         generator = Generator(args.model, device=args.device, temperature=args.temperature, threads=args.threads,
                               attention=args.attention, budget=args.attention_budget,
-                              engine_options=engine_options(args.step_compile))
+                              engine_options=engine_options(args.step_compile, args.step_shapes))
         # settings chosen for this model on training questions; flags given on the command line win
         profile = profile_for(generator.model.config, _family(fmt))
         prompts = PromptBuilder(load_exemplars(args.prompt_file or profile.get("prompt") or DEFAULT_EXEMPLARS[fmt]),

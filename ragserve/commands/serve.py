@@ -78,6 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--step-compile", default="auto", choices=["auto", "on", "off"],
                      help="compile the fast engine's static decode step (torch.compile): auto (on CUDA with "
                       "Triton), on, off (default auto)")
+    gen.add_argument("--step-shapes", default="bucketed", choices=["bucketed", "fixed"],
+                     help="the static decode step's shapes: bucketed (the slots and cache columns in use, rounded "
+                     "up to powers of two) or fixed (every slot and column: an answer's bits never depend on "
+                     "the others decoding beside it, at the cost of reading every cache) (default bucketed)")
     from ragserve.commands.retrieval_options import add_retriever_args
 
     add_retriever_args(p, rerank=False)
@@ -383,7 +387,8 @@ def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
                              reranker=args.reranker, rerank_depth=args.rerank_depth,
                              max_new_tokens=args.max_new_tokens, attention=args.attention,
                              attention_budget=args.attention_budget, memory_model=args.memory_model,
-                             memory_options=memory, engine_options=engine_options(args.step_compile))
+                             memory_options=memory,
+                             engine_options=engine_options(args.step_compile, args.step_shapes))
     except (OSError, ValueError, SearchError, EmbedderError) as e:
         raise CliError(str(e)) from e
 

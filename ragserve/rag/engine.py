@@ -47,10 +47,12 @@ class StepSettings:
     span: int = 256
 
 
-def engine_options(step_compile: str = "auto") -> dict | None:
-    """A fast engine's options from the command line's ``--step-compile``: None for the default (an engine without
-    options, such as the reference one, takes none)."""
-    return None if step_compile == "auto" else {"step": StepSettings(compile=step_compile)}
+def engine_options(step_compile: str = "auto", step_shapes: str = "bucketed") -> dict | None:
+    """A fast engine's options from the command line's ``--step-compile`` and ``--step-shapes``: None for the
+    defaults (an engine without options, such as the reference one, takes none)."""
+    if (step_compile, step_shapes) == ("auto", "bucketed"):
+        return None
+    return {"step": StepSettings(compile=step_compile, shapes=step_shapes)}
 
 
 class DecodeEngine(Protocol):
