@@ -27,6 +27,7 @@ compared.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -331,6 +332,8 @@ def run_gpu(args) -> dict:
                     engine.step(slots, tokens)
                 sync(device)
                 timings[mode] = (time.perf_counter() - t) / steps * 1e3
+                print(json.dumps({"batch": batch, "mode": mode, "ms": timings[mode], "compile_s": compile_s}),
+                      flush=True)  # a run cut short keeps what it measured in its log
                 # Greedy tokens of each path from the same cached prompt: the graph must replay the eager step
                 # exactly; the compiled step fuses the arithmetic differently (bf16 roundings may move).
                 for s in slots:
@@ -349,6 +352,7 @@ def run_gpu(args) -> dict:
             if modes[0] == "compiled":
                 compiled = engine.compiled
             del engine
+            gc.collect()  # an engine refers to itself (its step function): free its caches before the next
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         # Floor: every weight once, plus the KV the slots hold (their mean length over the timed steps).

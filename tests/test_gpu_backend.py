@@ -16,7 +16,7 @@ from indexer.reader import IndexReader
 from indexer.options import BuildOptions
 from indexer.writer import build_index_from_documents
 from ragserve.kernels.cpu.backend import CpuBackend
-from ragserve.kernels.gpu import backend as gpu_backend, relevancy, selection
+from ragserve.kernels.gpu import pipeline, relevancy, selection
 from ragserve.kernels.gpu.cuda import kernels as CK
 from ragserve.kernels.gpu.backend import GpuBackend
 from ragserve.kernels.gpu.cuda.kernels import TileKernels
@@ -922,8 +922,8 @@ def test_cuda_single_queries_planned_on_the_device_or_the_host(arguana, monkeypa
                              np.linspace(0.5, 3.0, terms.size).astype(np.float32))
     assert len(long_q) > CK.QMAX
     host = []
-    plan = gpu_backend.plan_queries
-    monkeypatch.setattr(gpu_backend, "plan_queries", lambda *a: (host.append(len(a[1])), plan(*a))[1])
+    plan = pipeline.plan_queries  # the host plan of the queries the device does not plan
+    monkeypatch.setattr(pipeline, "plan_queries", lambda *a: (host.append(len(a[1])), plan(*a))[1])
     for term_order in ("auto", "ascending"):
         g = GpuBackend(reader, scorer="cuda", max_batch=8, term_order=term_order)
         assert g.describe()["single_query_graph"]

@@ -4,7 +4,7 @@
 # once, then runs phase N's measurements into $OUT. Each step has its own time limit so that one that hangs does
 # not cost the others; its log tail is kept in $OUT/phaseN.log.
 set -u
-N=${1:?phase 1-4}
+N=${1:?phase 1-5}
 export PYTHONUNBUFFERED=1
 H=/tmp/h200
 mkdir -p "$H/parts" "$H/site" "$OUT"
@@ -57,6 +57,8 @@ case "$N" in
     # the CUDA tests
     step 320 python3 scripts/bench_generate.py --device cuda --out "$OUT/generate_h200.json"
     step 200 python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m gpu tests ;;
-*)  echo "phase must be 1-4" >&2; exit 2 ;;
+5)  # the decode step alone (phase 4's first half)
+    step 420 python3 scripts/bench_generate.py --device cuda --out "$OUT/generate_h200.json" ;;
+*)  echo "phase must be 1-5" >&2; exit 2 ;;
 esac
 echo "== $(date +%T) phase $N done" | tee -a "$LOG"
