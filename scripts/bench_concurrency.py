@@ -180,6 +180,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32, help="answer budget (default 32)")
     ap.add_argument("--k", type=int, default=2, help="passages per retrieval (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--prefill-lanes", type=int, default=1,
+                    help="prompts prefilled at once, on threads of their own (BatchSettings; default 1)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--exemplars", help="exemplar file (default: one short exemplar without passages)")
     ap.add_argument("--floor-threads", type=int, default=2, help="threads of the matmul rate of the floor "
@@ -193,6 +195,7 @@ def main() -> int:
 
     import torch
 
+    from ragserve.rag.batcher import BatchSettings
     from ragserve.rag.generator import Generator
     from ragserve.retrieval.searcher import Searcher
     from ragserve.server.answering import AnswerService
@@ -210,8 +213,9 @@ def main() -> int:
     cfg = ServerConfig(max_pending_answers=most, concurrent_answers=most, request_timeout_s=3600)
     searcher = Searcher(index, backend="cpu")
     answers = AnswerService(args.model, searcher, cfg, ServerMetrics(), device=args.device, exemplars=str(exemplars),
-                            load_generator=lambda model, device: Generator(model, device=device, engine=args.engine,
-                                                                           threads=args.threads, max_slots=most))
+                            load_generator=lambda model, device: Generator(
+                                model, device=device, engine=args.engine, threads=args.threads, max_slots=most,
+                                batch=BatchSettings(prefill_lanes=args.prefill_lanes)))
     if not answers.wait_loaded():
         print(f"bench_concurrency: {answers.status()['error']}", file=sys.stderr)
         return 2
@@ -264,7 +268,7 @@ def main() -> int:
     searcher.close()
     out = {"bench": "concurrency", "model": args.model, "engine": answers.generator.batching["engine"],
            "method": args.method, "options": options, "exemplars": args.exemplars or "one short exemplar",
-           "engine_describe": getattr(answers.generator.engine, "describe", lambda: None)(), "floor": floor, "torch_threads": args.threads, "device": args.device,
+           "engine_describe": getattr(answers.generator.engine, "describe", lambda: None)(), "floor": floor, "torch_threads": args.threads, "prefill_lanes": args.prefill_lanes, "device": args.device,
            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
                        "torch": torch.__version__},
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

@@ -229,6 +229,16 @@ def test_step_flags_reach_the_generator_from_serve_and_eval(tmp_path, monkeypatc
         AnswerService("m", None, ServerConfig(), ServerMetrics(), load_generator=load,
                       engine_options=want).wait_loaded()
         assert calls.pop().get("engine_options") == want
+    # --prefill-lanes: the generator's BatchSettings (none for the default), and one line, exit 2, for a bad count
+    from ragserve.rag.batcher import BatchSettings
+    for lanes, want in (("2", BatchSettings(prefill_lanes=2)), ("1", None)):
+        args = build_parser().parse_args(["serve", "--index", str(tmp_path), "--model", "m", "--prefill-lanes", lanes])
+        service = serve._answer_service(args, ServerConfig(), None, ServerMetrics())
+        assert service.batch == want
+        AnswerService("m", None, ServerConfig(), ServerMetrics(), load_generator=load, batch=want).wait_loaded()
+        assert calls.pop().get("batch") == want
+    assert main(["serve", "--index", str(tmp_path), "--prefill-lanes", "0"]) == 2
+    assert "--prefill-lanes must be >= 1" in capsys.readouterr().err
 
     from tests import rag_support
     from tests.conftest import shared

@@ -1,7 +1,8 @@
 """Continuous batching of answers: every method's loop running in its own thread, their decode steps batched by
 one batcher thread, gives the same answers and traces as the same requests run one at a time; the reference
 engine's batched step equals each slot stepped alone; a request's session prefills only past the prefix its KV
-cache already holds; sampling options (temperature, top_p, seed, stop strings).
+cache already holds; prefill lanes prefill prompts at once, with the same answers; sampling options (temperature,
+top_p, seed, stop strings).
 
 The fast checks use the tiny random Llama of ``tests/rag_support.py``; one slow check runs the real generator
 (google/gemma-3-270m) for two methods."""
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from ragserve.rag.batcher import Batcher, BatchSettings, DecodeSession
 from ragserve.rag.decoding import Sampling
 from ragserve.rag.engines import ENGINES, engine_for
 from ragserve.rag.engines.reference import ReferenceEngine
@@ -74,9 +76,12 @@ def run_all(generator, retrievers, jobs: list[tuple[str, str]], concurrent: bool
         return list(pool.map(one, jobs))
 
 
-def test_interleaved_requests_of_every_method_equal_one_at_a_time(gen, retrievers):
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_interleaved_requests_of_every_method_equal_one_at_a_time(gen, retrievers, lanes):
     questions = [e.question for e in S.hotpot_examples()[:2]]
     jobs = [(m, q) for m in METHOD_NAMES for q in questions]
+    if lanes > 1:  # the same model, prompts prefilled side by side
+        gen = Generator.from_model(gen.model, gen.tokenizer, device="cpu", batch=BatchSettings(prefill_lanes=lanes))
     alone = run_all(gen, retrievers, jobs, concurrent=False)
     before = gen.batching
     together = run_all(gen, retrievers, jobs, concurrent=True)
@@ -177,9 +182,86 @@ def test_sampling_options(gen):
 
 @pytest.mark.slow
 def test_gemma_interleaved_answers_equal_one_at_a_time(gemma_dir, retrievers):
+    """The real generator on its fast engine (prefix cache, kernels step): concurrent answers, and concurrent
+    answers prefilled in two lanes (the engine's prefix cache shared by both), equal one at a time."""
     generator = Generator(str(gemma_dir), device="cpu")
     jobs = [(m, e.question) for m in ("fixed-sentence", "flare") for e in S.hotpot_examples()[:1]]
     small = {"fewshot": 1, "max_new_tokens": 16, "answer_max_tokens": 6, "theta": 0.9}
     alone = run_all(generator, retrievers, jobs, concurrent=False, **small)
     assert run_all(generator, retrievers, jobs, concurrent=True, **small) == alone
     assert all(answer for answer, _ in alone)
+    generator._batcher.settings = BatchSettings(prefill_lanes=2)  # the same engine (a second one loads for 10 s)
+    assert run_all(generator, retrievers, jobs, concurrent=True, **small) == alone
+    assert generator._batcher._lanes is not None  # the lanes did prefill
+
+
+class BarrierEngine:
+    """A decode engine whose prefill waits for another prefill to arrive (``threading.Barrier`` of 2): prompts
+    prefilled one after another never meet there."""
+
+    max_slots, max_length, prefill_chunk = 4, 64, 0
+
+    def __init__(self) -> None:
+        self.barrier, self.threads, self.slots = threading.Barrier(2, timeout=1), set(), []
+
+    def open(self) -> int:
+        self.slots.append(len(self.slots))
+        return self.slots[-1]
+
+    def prefill(self, slot, ids, logits=True):
+        self.threads.add(threading.current_thread().name)
+        self.barrier.wait()
+        return torch.zeros(8) if logits else None
+
+    def reusable(self, slot, ids):
+        return 0
+
+    def step(self, slots, ids):
+        return torch.zeros(len(slots), 8)
+
+    def length(self, slot):
+        return 0
+
+    def truncate(self, slot, length):
+        pass
+
+    def close(self, slot):
+        pass
+
+
+class OneToken:
+    """The smallest ``Decode``: the prompt's ids, one token, done."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def feed(self, row):
+        return None
+
+    def result(self):
+        return "done"
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_prefill_lanes_prefill_prompts_at_once(lanes):
+    """Two prompts admitted together: with two lanes both prefills run at the same time on the lanes' threads (they
+    meet at the engine's barrier); with one, one after the other on the batcher thread (the barrier breaks and
+    both generations fail)."""
+    engine, batcher = BarrierEngine(), Batcher(settings=BatchSettings(prefill_lanes=lanes))
+    gate = threading.Barrier(2)
+
+    def ask(ids):
+        gate.wait()
+        return batcher.generate(engine, OneToken(ids), DecodeSession())
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(ask, [1, 2, 3]), pool.submit(ask, [4, 5])]
+        results = [f.exception(timeout=30) or f.result() for f in futures]
+    if lanes == 2:
+        assert results == ["done", "done"]
+        assert len(engine.threads) == 2 and all(t.startswith("ragserve-prefill") for t in engine.threads)
+    else:
+        assert all(isinstance(r, threading.BrokenBarrierError) for r in results)
+        assert engine.threads == {"ragserve-batcher"}
+    with pytest.raises(GeneratorError, match="prefill_lanes"):
+        Batcher(settings=BatchSettings(prefill_lanes=0))

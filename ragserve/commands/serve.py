@@ -82,6 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="the static decode step's shapes: bucketed (the slots and cache columns in use, rounded "
                      "up to powers of two) or fixed (every slot and column: an answer's bits never depend on "
                      "the others decoding beside it, at the cost of reading every cache) (default bucketed)")
+    gen.add_argument("--prefill-lanes", type=int, default=1, metavar="N",
+                     help="prompts prefilled at once, each on a thread of its own with an equal share of torch's "
+                          "threads: on a CPU, with several answers in flight, every core works (one prompt uses "
+                          "a core at about half its matmul rate); default 1: one prompt at a time")
     from ragserve.commands.retrieval_options import add_retriever_args
 
     add_retriever_args(p, rerank=False)
@@ -125,6 +129,8 @@ def _config(args: argparse.Namespace):
 
     if not 1 <= args.max_k <= MAX_K:
         raise CliError(f"--max-k must be between 1 and {MAX_K}, got {args.max_k}")
+    if args.prefill_lanes < 1:
+        raise CliError(f"--prefill-lanes must be >= 1, got {args.prefill_lanes}")
     if args.threads <= args.max_pending_answers:
         # Each queued answer holds an HTTP thread while it waits; searches must still find a free one.
         raise CliError(f"--threads ({args.threads}) must be larger than --max-pending-answers "
@@ -368,6 +374,7 @@ def _serve_on_ray(args: argparse.Namespace, cfg) -> int:
 
 
 def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
+    from ragserve.rag.batcher import BatchSettings
     from ragserve.rag.engine import engine_options
     from ragserve.server.answering import AnswerService
 
@@ -388,7 +395,8 @@ def _answer_service(args: argparse.Namespace, cfg, searcher, metrics):
                              max_new_tokens=args.max_new_tokens, attention=args.attention,
                              attention_budget=args.attention_budget, memory_model=args.memory_model,
                              memory_options=memory,
-                             engine_options=engine_options(args.step_compile, args.step_shapes))
+                             engine_options=engine_options(args.step_compile, args.step_shapes),
+                             batch=BatchSettings(prefill_lanes=args.prefill_lanes) if args.prefill_lanes > 1 else None)
     except (OSError, ValueError, SearchError, EmbedderError) as e:
         raise CliError(str(e)) from e
 

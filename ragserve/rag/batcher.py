@@ -17,7 +17,7 @@ import contextvars
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
@@ -33,8 +33,13 @@ T = TypeVar("T")
 class BatchSettings:
     """``prefill_tokens``: prompt positions computed between two decode steps (rounded to whole chunks of the
     engine's ``prefill_chunk``; 0, or an engine that prefills in one pass: whole prompts). Smaller bounds how long a
-    decoding answer waits for a step; larger spends less per-call overhead."""
+    decoding answer waits for a step; larger spends less per-call overhead. ``prefill_lanes``: prompts prefilled
+    at once, each on a thread of its own with an equal share of torch's threads (1: one at a time on the batcher
+    thread). On a CPU, one prefill uses a core at about half its matmul rate however many threads it has; prompts
+    side by side use every core. With lanes, a prompt alone runs in a lane too, on the same share of threads, so
+    its bits do not depend on what else is prefilling."""
     prefill_tokens: int = 128
+    prefill_lanes: int = 1
 
 
 class DecodeSession:
@@ -79,6 +84,9 @@ class Batcher:
         self.settings = settings or BatchSettings()
         if self.settings.prefill_tokens < 0:
             raise GeneratorError("prefill_tokens must be >= 0")
+        if not isinstance(self.settings.prefill_lanes, int) or self.settings.prefill_lanes < 1:
+            raise GeneratorError("prefill_lanes must be an integer >= 1")
+        self._lanes: ThreadPoolExecutor | None = None  # the prefill lanes' threads, started at first use
         self._cond = threading.Condition()
         self._new: deque[_Job] = deque()
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
@@ -192,6 +200,9 @@ class Batcher:
     def _prefill(self, prefilling: list[_Job], active: list[_Job]) -> None:
         """Prefill up to the settings' budget of positions, the earliest admitted first; a prompt done joins
         ``active`` (or finishes)."""
+        if self.settings.prefill_lanes > 1 and all(j.ctx is None for j in prefilling[:self.settings.prefill_lanes]):
+            self._prefill_lanes(prefilling, active)
+            return
         unlimited, budget = not self.settings.prefill_tokens, self.settings.prefill_tokens
         while prefilling and (unlimited or budget > 0):
             job = prefilling[0]
@@ -220,6 +231,50 @@ class Batcher:
                 prefilling.pop(0)
                 self._started(job, row, active)
                 self.host_s += time.perf_counter() - t1
+
+    def _prefill_lanes(self, prefilling: list[_Job], active: list[_Job]) -> None:
+        """The first ``prefill_lanes`` prompts, a piece of each (the budget each) at once on the lanes' threads, with
+        torch's threads shared among the lanes; then their bookkeeping here, in admission order. A generation with
+        its own context never gets here (it prefills on this thread, inside its context)."""
+        lanes = self.settings.prefill_lanes
+        if self._lanes is None:
+            self._lanes = ThreadPoolExecutor(lanes, thread_name_prefix="ragserve-prefill")
+        share = max(1, torch.get_num_threads() // lanes)
+        budget = self.settings.prefill_tokens
+        t0 = time.perf_counter()
+        pieces = []
+        for job in prefilling[:lanes]:
+            try:
+                n, reused = self._piece(job, budget)
+            except Exception as e:
+                pieces.append((job, e, 0, 0))
+                continue
+            ids, last = job.todo[:n], n == len(job.todo)
+            pieces.append((job, self._lanes.submit(_lane, share, job.engine.prefill, job.session.slot, ids, last),
+                           n, reused))
+        done = []
+        for job, fut, n, reused in pieces:
+            try:
+                if isinstance(fut, Exception):
+                    raise fut
+                row = fut.result()
+            except Exception as e:
+                prefilling.remove(job)
+                self._fail(job, e)
+                continue
+            done.append((job, row, n, reused))
+        t1 = time.perf_counter()
+        self.engine_s += t1 - t0
+        self.prefill_s += t1 - t0
+        for job, row, n, reused in done:
+            self.prefill_tokens += n
+            self.prefill_reused += reused
+            job.session.cached += job.todo[:n]
+            job.todo = job.todo[n:]
+            if not job.todo:
+                prefilling.remove(job)
+                self._started(job, row, active)
+        self.host_s += time.perf_counter() - t1
 
     def _started(self, job: _Job, row: torch.Tensor, active: list[_Job]) -> None:
         """A row of logits is in (the prompt's, or a step's): the next token, then the job goes on decoding in
@@ -300,3 +355,10 @@ class Batcher:
             fut.set_result(fn())
         except Exception as e:
             fut.set_exception(e)
+
+
+def _lane(threads: int, prefill: Callable, slot: int, ids: list[int], logits: bool):
+    """A piece of a prompt on a prefill lane's thread, on ``threads`` of torch's threads (a thread's own count)."""
+    torch.set_num_threads(threads)
+    with torch.inference_mode():
+        return prefill(slot, ids, logits=logits)

@@ -10,6 +10,7 @@ their bytes pass the limit.
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Sequence
 
@@ -35,12 +36,14 @@ class PrefixCache:
         self.nbytes = 0
         self.hits = 0  # chunks handed out
         self.stored = 0  # chunks stored
+        self._lock = threading.RLock()  # prompts prefilled at once (the batcher's lanes) share the cache
 
     def clear(self) -> None:
         """Drop every entry (the counters stay)."""
-        self._root.children.clear()
-        self._lru.clear()
-        self.nbytes = 0
+        with self._lock:
+            self._root.children.clear()
+            self._lru.clear()
+            self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -59,21 +62,23 @@ class PrefixCache:
         """Positions from ``start`` on that ``lookup(tokens, start, end)`` would hand out (nothing is touched)."""
         if start % self.chunk:
             return 0
-        return max(0, len(self._walk(tokens, end // self.chunk)) * self.chunk - start)
+        with self._lock:
+            return max(0, len(self._walk(tokens, end // self.chunk)) * self.chunk - start)
 
     def lookup(self, tokens: Sequence[int], start: int, end: int) -> list:
         """KV of the stored chunks covering ``tokens[start:]`` from ``start`` (a chunk boundary) on, each ending at
         or before ``end``, in order; empty when the run does not reach ``start``."""
         if start % self.chunk:
             return []
-        path = self._walk(tokens, end // self.chunk)
-        first = start // self.chunk
-        if len(path) <= first:
-            return []
-        for e in path:  # the chunks before ``start`` are used too: they stay as long as their extensions
-            self._lru.move_to_end(id(e))
-        self.hits += len(path) - first
-        return [e.kv for e in path[first:]]
+        with self._lock:
+            path = self._walk(tokens, end // self.chunk)
+            first = start // self.chunk
+            if len(path) <= first:
+                return []
+            for e in path:  # the chunks before ``start`` are used too: they stay as long as their extensions
+                self._lru.move_to_end(id(e))
+            self.hits += len(path) - first
+            return [e.kv for e in path[first:]]
 
     def store(self, tokens: Sequence[int], index: int, kv: object, nbytes: int) -> bool:
         """Keep ``kv``, the KV of chunk ``index`` of ``tokens`` (its tokens: ``tokens[index*C:(index+1)*C]``),
@@ -81,6 +86,11 @@ class PrefixCache:
         c = self.chunk
         if nbytes > self.max_bytes or len(tokens) < (index + 1) * c:
             return False
+        with self._lock:
+            return self._store(tokens, index, kv, nbytes)
+
+    def _store(self, tokens: Sequence[int], index: int, kv: object, nbytes: int) -> bool:
+        c = self.chunk
         path = self._walk(tokens, index)
         if len(path) < index:
             return False

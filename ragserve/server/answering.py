@@ -95,12 +95,13 @@ class AnswerService:
                  rerank_depth: int = 100, max_new_tokens: int = 256,
                  load_generator: Callable[..., Generator] = Generator, attention: str | None = None,
                  attention_budget: int | None = None, memory_model: str | None = None,
-                 memory_options=None, engine_options: dict | None = None) -> None:
+                 memory_options=None, engine_options: dict | None = None, batch=None) -> None:
         """``load_generator(model, device=...)`` makes the generator (another one: e.g. a client of a generator
         that runs elsewhere, as on Ray Serve). ``attention``/``attention_budget``: the decode steps' sparse
         attention by default (a request may choose its own). ``memory_model``: the sentence encoder a request's
         long ``context`` is read into memory with (``memory_options`` its ``MemoryOptions``). ``engine_options``: to
-        the generator's fast engine (passed to ``load_generator`` only when given)."""
+        the generator's fast engine; ``batch``: the generator's ``BatchSettings`` (each passed to ``load_generator``
+        only when given)."""
         try:
             self.prompts = PromptBuilder(load_exemplars(exemplars))
         except PromptError as e:
@@ -123,6 +124,7 @@ class AnswerService:
         self.attention = (attention, attention_budget)  # the decode default; a request may choose its own
         self.memory_model, self.memory_options = memory_model, memory_options
         self.engine_options = engine_options
+        self.batch = batch
         self.memory_embedder = None  # the sentence encoder a request's long context is read with
         self._loading: Future = self.queue.submit(self._load, bounded=False)  # on a worker thread
 
@@ -134,6 +136,8 @@ class AnswerService:
             extra = {} if name is None else {"attention": name, "budget": budget}
             if self.engine_options:
                 extra["engine_options"] = self.engine_options
+            if self.batch is not None:
+                extra["batch"] = self.batch
             generator = self._load_generator(self.model_name, device=self.device, **extra)
             path, depth = self._reranker
             if path:
