@@ -9,7 +9,8 @@ only the prompt past the prefix it already holds is prefilled) and drops finishe
 engine copies from its prefix cache are free), so a long prompt does not stall the answers already decoding; then
 all generations decoding on an engine go through ONE ``engine.step``. A row does not depend on which others share the
 step, so an answer is the same however requests interleave. A generation that carries its own ``contextvars``
-context (sparse attention's session) steps alone, inside that context.
+context (sparse attention's session) steps alone, inside that context. With ``BatchSettings.prefill_lanes`` above
+one, prompts prefill side by side on lane threads while the answers already decoding keep stepping.
 """
 from __future__ import annotations
 
@@ -181,10 +182,16 @@ class Batcher:
                     continue
                 prefilling.append(job)
             waiting[:] = still
-            if prefilling:
+            lanes = self._start_lanes(prefilling) if self._in_lanes(prefilling) else None
+            if prefilling and lanes is None:
                 self._prefill(prefilling, active)
             if active:
                 active[:] = self._step(active)
+            if lanes is not None:
+                # the answers decoding step on while the lanes prefill other slots (no row depends on those)
+                while active and not all(isinstance(f, Exception) or f.done() for _, f, _, _ in lanes):
+                    active[:] = self._step(active)
+                self._finish_lanes(lanes, prefilling, active)
 
     def _admit(self, job: _Job) -> None:
         """Open (or reuse) the slot and keep the prefix of the prompt the slot already holds."""
@@ -197,12 +204,15 @@ class Batcher:
         s.cached = s.cached[:keep]
         job.todo = list(ids[keep:])
 
+    def _in_lanes(self, prefilling: list[_Job]) -> bool:
+        """Whether the next prompts prefill in lanes: there are lanes, and none of those prompts carries its own
+        context (such a generation prefills on this thread, inside its context)."""
+        lanes = self.settings.prefill_lanes
+        return lanes > 1 and bool(prefilling) and all(j.ctx is None for j in prefilling[:lanes])
+
     def _prefill(self, prefilling: list[_Job], active: list[_Job]) -> None:
         """Prefill up to the settings' budget of positions, the earliest admitted first; a prompt done joins
         ``active`` (or finishes)."""
-        if self.settings.prefill_lanes > 1 and all(j.ctx is None for j in prefilling[:self.settings.prefill_lanes]):
-            self._prefill_lanes(prefilling, active)
-            return
         unlimited, budget = not self.settings.prefill_tokens, self.settings.prefill_tokens
         while prefilling and (unlimited or budget > 0):
             job = prefilling[0]
@@ -232,41 +242,41 @@ class Batcher:
                 self._started(job, row, active)
                 self.host_s += time.perf_counter() - t1
 
-    def _prefill_lanes(self, prefilling: list[_Job], active: list[_Job]) -> None:
-        """The first ``prefill_lanes`` prompts, a piece of each (the budget each) at once on the lanes' threads, with
-        torch's threads shared among the lanes; then their bookkeeping here, in admission order. A generation with
-        its own context never gets here (it prefills on this thread, inside its context)."""
+    def _start_lanes(self, prefilling: list[_Job]) -> list[tuple]:
+        """A piece of each of the first ``prefill_lanes`` prompts (the budget each), submitted to the lanes'
+        threads with torch's threads shared among them: (job, its future or the error of choosing the piece, its
+        positions, those copied from the prefix cache)."""
         lanes = self.settings.prefill_lanes
         if self._lanes is None:
             self._lanes = ThreadPoolExecutor(lanes, thread_name_prefix="ragserve-prefill")
         share = max(1, torch.get_num_threads() // lanes)
-        budget = self.settings.prefill_tokens
-        t0 = time.perf_counter()
         pieces = []
         for job in prefilling[:lanes]:
             try:
-                n, reused = self._piece(job, budget)
+                n, reused = self._piece(job, self.settings.prefill_tokens)
             except Exception as e:
                 pieces.append((job, e, 0, 0))
                 continue
-            ids, last = job.todo[:n], n == len(job.todo)
-            pieces.append((job, self._lanes.submit(_lane, share, job.engine.prefill, job.session.slot, ids, last),
-                           n, reused))
-        done = []
+            fut = self._lanes.submit(_lane, share, job.engine.prefill, job.session.slot, job.todo[:n],
+                                     n == len(job.todo))
+            pieces.append((job, fut, n, reused))
+        return pieces
+
+    def _finish_lanes(self, pieces: list[tuple], prefilling: list[_Job], active: list[_Job]) -> None:
+        """The lanes' pieces, in admission order: a prompt done joins ``active`` (or finishes); one that failed
+        fails its generation."""
+        lane_s = 0.0
         for job, fut, n, reused in pieces:
             try:
                 if isinstance(fut, Exception):
                     raise fut
-                row = fut.result()
+                row, seconds = fut.result()
             except Exception as e:
                 prefilling.remove(job)
                 self._fail(job, e)
                 continue
-            done.append((job, row, n, reused))
-        t1 = time.perf_counter()
-        self.engine_s += t1 - t0
-        self.prefill_s += t1 - t0
-        for job, row, n, reused in done:
+            lane_s = max(lane_s, seconds)
+            t = time.perf_counter()
             self.prefill_tokens += n
             self.prefill_reused += reused
             job.session.cached += job.todo[:n]
@@ -274,7 +284,9 @@ class Batcher:
             if not job.todo:
                 prefilling.remove(job)
                 self._started(job, row, active)
-        self.host_s += time.perf_counter() - t1
+            self.host_s += time.perf_counter() - t
+        self.engine_s += lane_s  # the lanes' wall: they ran side by side (and beside the step)
+        self.prefill_s += lane_s
 
     def _started(self, job: _Job, row: torch.Tensor, active: list[_Job]) -> None:
         """A row of logits is in (the prompt's, or a step's): the next token, then the job goes on decoding in
@@ -357,8 +369,11 @@ class Batcher:
             fut.set_exception(e)
 
 
-def _lane(threads: int, prefill: Callable, slot: int, ids: list[int], logits: bool):
-    """A piece of a prompt on a prefill lane's thread, on ``threads`` of torch's threads (a thread's own count)."""
+def _lane(threads: int, prefill: Callable, slot: int, ids: list[int], logits: bool) -> tuple:
+    """A piece of a prompt on a prefill lane's thread, on ``threads`` of torch's threads (a thread's own count):
+    its logits (or None) and the seconds it took."""
     torch.set_num_threads(threads)
+    t = time.perf_counter()
     with torch.inference_mode():
-        return prefill(slot, ids, logits=logits)
+        row = prefill(slot, ids, logits=logits)
+    return row, time.perf_counter() - t
