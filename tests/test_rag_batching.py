@@ -9,6 +9,7 @@ The fast checks use the tiny random Llama of ``tests/rag_support.py``; one slow 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -248,14 +249,15 @@ def test_prefill_lanes_prefill_prompts_at_once(lanes):
     meet at the engine's barrier); with one, one after the other on the batcher thread (the barrier breaks and
     both generations fail)."""
     engine, batcher = BarrierEngine(), Batcher(settings=BatchSettings(prefill_lanes=lanes))
-    gate = threading.Barrier(2)
-
-    def ask(ids):
-        gate.wait()
-        return batcher.generate(engine, OneToken(ids), DecodeSession())
-
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(ask, [1, 2, 3]), pool.submit(ask, [4, 5])]
+    holding, hold = threading.Event(), threading.Event()
+    with ThreadPoolExecutor(3) as pool:
+        pool.submit(batcher.call, lambda: (holding.set(), hold.wait(30)))  # the batcher thread waits in here
+        assert holding.wait(30)
+        futures = [pool.submit(batcher.generate, engine, OneToken(ids), DecodeSession()) for ids in ([1, 2], [4])]
+        deadline = time.monotonic() + 30
+        while len(batcher._new) < 2 and time.monotonic() < deadline:  # both queued: admitted in one round
+            time.sleep(0.01)
+        hold.set()
         results = [f.exception(timeout=30) or f.result() for f in futures]
     if lanes == 2:
         assert results == ["done", "done"]
