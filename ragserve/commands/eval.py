@@ -11,10 +11,9 @@ from pathlib import Path
 from ragserve.cli import CliError, output_path
 from ragserve.commands import add_backend_arg, check_backend
 from ragserve.model_path import model_path_problem
+from ragserve.rag.names import EVAL_METHOD_NAMES
 
 FORMAT_CHOICES = ("auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "strategyqa", "iirc", "nq-open", "musique")
-METHOD_CHOICES = ("none", "single", "fixed-sentence", "fixed-length", "flare", "dragin", "two-stage", "bridge",
-                  "oracle")
 NO_INDEX = ("none", "oracle")  # methods that retrieve nothing
 
 
@@ -41,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "'ragserve eval report' turns the --out files of runs into one HTML page.")
     p.add_argument("--dataset", metavar="FILE", help="dataset file in its native format")
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help="dataset format (default: detect)")
-    p.add_argument("--method", choices=METHOD_CHOICES, help="RAG method")
+    p.add_argument("--method", choices=EVAL_METHOD_NAMES, help="RAG method")
     p.add_argument("--model", metavar="PATH", help="causal LM: a local directory, an installed short name "
                                                    "(gemma-270m) or a hub id in the local cache")
     p.add_argument("--index", metavar="DIR", help="index (needed by every method but 'none', unless --memory)")

@@ -220,11 +220,10 @@ class Batcher:
             t0 = time.perf_counter()
             try:
                 n, reused = self._piece(job, budget)
-                last = n == len(job.todo)
-                if last:
+                if n == len(job.todo):  # the prompt's last piece: its logits
                     row = self._in(job, engine.prefill, s.slot, job.todo)
                 else:
-                    self._in(job, lambda ids: engine.prefill(s.slot, ids, logits=False), job.todo[:n])
+                    row = self._in(job, lambda ids: engine.prefill(s.slot, ids, logits=False), job.todo[:n])
             except Exception as e:
                 prefilling.pop(0)
                 self._fail(job, e)
@@ -232,15 +231,9 @@ class Batcher:
             t1 = time.perf_counter()
             self.engine_s += t1 - t0
             self.prefill_s += t1 - t0
-            self.prefill_tokens += n
-            self.prefill_reused += reused
             budget -= n - reused
-            s.cached += job.todo[:n]
-            job.todo = job.todo[n:]
-            if last:
-                prefilling.pop(0)
-                self._started(job, row, active)
-                self.host_s += time.perf_counter() - t1
+            self._advance(job, n, reused, row, prefilling, active)
+            self.host_s += time.perf_counter() - t1
 
     def _start_lanes(self, prefilling: list[_Job]) -> list[tuple]:
         """A piece of each of the first ``prefill_lanes`` prompts (the budget each), submitted to the lanes'
@@ -277,16 +270,22 @@ class Batcher:
                 continue
             lane_s = max(lane_s, seconds)
             t = time.perf_counter()
-            self.prefill_tokens += n
-            self.prefill_reused += reused
-            job.session.cached += job.todo[:n]
-            job.todo = job.todo[n:]
-            if not job.todo:
-                prefilling.remove(job)
-                self._started(job, row, active)
+            self._advance(job, n, reused, row, prefilling, active)
             self.host_s += time.perf_counter() - t
         self.engine_s += lane_s  # the lanes' wall: they ran side by side (and beside the step)
         self.prefill_s += lane_s
+
+    def _advance(self, job: _Job, n: int, reused: int, row: torch.Tensor | None, prefilling: list[_Job],
+                 active: list[_Job]) -> None:
+        """``n`` more positions of the job's prompt are in its slot (``reused`` of them copied from the prefix
+        cache); its prompt done, it leaves ``prefilling`` and starts decoding from ``row``."""
+        self.prefill_tokens += n
+        self.prefill_reused += reused
+        job.session.cached += job.todo[:n]
+        job.todo = job.todo[n:]
+        if not job.todo:
+            prefilling.remove(job)
+            self._started(job, row, active)
 
     def _started(self, job: _Job, row: torch.Tensor, active: list[_Job]) -> None:
         """A row of logits is in (the prompt's, or a step's): the next token, then the job goes on decoding in

@@ -7,6 +7,7 @@ from ragserve.rag.dragin import Dragin
 from ragserve.rag.fixed import FixedLength, FixedSentence
 from ragserve.rag.flare import Flare
 from ragserve.rag.generator import Generator
+from ragserve.rag.names import METHOD_NAMES
 from ragserve.rag.none import NoRetrieval
 from ragserve.rag.oracle import Oracle
 from ragserve.rag.prompts import PromptBuilder
@@ -20,7 +21,7 @@ METHODS: dict[str, type[RagMethod]] = {
     # single retrieval, then the top passage's links first (multi-hop bridge questions)
     "bridge": BridgeRetrieval,
 }
-METHOD_NAMES = tuple(METHODS)
+assert tuple(METHODS) == METHOD_NAMES, "names.METHOD_NAMES lists the registered methods"
 # Evaluation only, never served: the gold supporting paragraphs in the prompt (the ceiling of retrieval for this
 # generator and prompt), which a question asked over HTTP does not come with.
 EVAL_METHODS: dict[str, type[RagMethod]] = {**METHODS, "oracle": Oracle}

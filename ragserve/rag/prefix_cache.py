@@ -36,7 +36,7 @@ class PrefixCache:
         self.nbytes = 0
         self.hits = 0  # chunks handed out
         self.stored = 0  # chunks stored
-        self._lock = threading.RLock()  # prompts prefilled at once (the batcher's lanes) share the cache
+        self._lock = threading.Lock()  # prompts prefilled at once (the batcher's lanes) share the cache
 
     def clear(self) -> None:
         """Drop every entry (the counters stay)."""

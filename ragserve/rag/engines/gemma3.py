@@ -623,11 +623,11 @@ class Gemma3Engine:
         """The graph of the bucket's step as run; a compiled step that cannot be captured falls back to the eager
         one."""
         args = self._args(bucket)
-        if not self.compiled:
-            return self.graphs.capture(lambda: self._forward(*args))
         try:
             return self.graphs.capture(lambda: self._forward(*args))
         except Exception as e:
+            if not self.compiled:
+                raise
             self._fall_back("the compiled decode step could not be captured, the eager one is", e)
             return self.graphs.capture(lambda: self._forward(*args))
 
@@ -635,17 +635,17 @@ class Gemma3Engine:
         if self._out is None:
             self._static_buffers()
         bucket = self._bucket(slots)
-        rows = bucket[0]
-        ids_all = [0] * rows
-        pos_all = [self.max_length] * rows
+        args = self._args(bucket)
+        ids_all = [0] * bucket[0]
+        pos_all = [self.max_length] * bucket[0]
         for s, t in zip(slots, ids):
             ids_all[s], pos_all[s] = int(t), self.lengths[s]
-        self._ids[:rows].copy_(torch.tensor(ids_all), non_blocking=True)
-        self._pos[:rows].copy_(torch.tensor(pos_all), non_blocking=True)
+        args[0].copy_(torch.tensor(ids_all), non_blocking=True)
+        args[1].copy_(torch.tensor(pos_all), non_blocking=True)
         if bucket not in self._ran:
             self._first_run(bucket)
         if self.graphs is None:
-            self._forward(*self._args(bucket))
+            self._forward(*args)
         else:
             if bucket not in self._graphs:
                 self._graphs[bucket] = self._capture(bucket)
